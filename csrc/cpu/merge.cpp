@@ -1,0 +1,155 @@
+// CPU merge family: merge_partials, correct_partial, pack_exchange, merge_exchange. fp32 accumulation throughout.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "checks.h"
+#include "ops.h"
+
+namespace dcp_ops {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using fVec = at::vec::Vectorized<float>;
+
+// External LSE to natural log; NaN and +inf mean "no tokens" (-inf).
+inline float sanitize_lse(float x, float ln_base) {
+  const float v = x * ln_base;
+  return (std::isnan(v) || v == std::numeric_limits<float>::infinity()) ? kNegInf : v;
+}
+
+// Merge weights exp(lse_r - L) for N partials; returns L (-inf when every partial is empty, weights then all 0).
+inline float merge_weights(const float* lse, int64_t n, float* w) {
+  float mx = kNegInf;
+  for (int64_t r = 0; r < n; ++r) mx = std::max(mx, lse[r]);
+  if (mx == kNegInf) {
+    std::fill(w, w + n, 0.f);
+    return kNegInf;
+  }
+  float sum = 0.f;
+  for (int64_t r = 0; r < n; ++r) sum += (w[r] = std::exp(lse[r] - mx));
+  for (int64_t r = 0; r < n; ++r) w[r] /= sum;
+  return mx + std::log(sum);
+}
+
+// dst[0:D] = sum_r w[r] * src_r[0:D] in fp32, src_r = base + r * stride_r.
+template <typename scalar_t>
+inline void weighted_sum(const scalar_t* base, int64_t stride_r, const float* w, int64_t n, int64_t D,
+                         scalar_t* dst, float* acc) {
+  std::fill(acc, acc + D, 0.f);
+  for (int64_t r = 0; r < n; ++r) {
+    if (w[r] == 0.f) continue;  // an empty partial may hold anything (even NaN); it must not leak
+    const scalar_t* src = base + r * stride_r;
+    for (int64_t d = 0; d < D; ++d) acc[d] += w[r] * static_cast<float>(src[d]);
+  }
+  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(acc[d]);
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& lses, double lse_base) {
+  validate_merge(outs, lses, lse_base, "merge_partials");
+  const int64_t N = outs.size(0), T = outs.size(1), H = outs.size(2), D = outs.size(3);
+  Tensor out = at::empty({T, H, D}, outs.options());
+  Tensor lse = at::empty({T, H}, lses.options());
+  const float ln_base = static_cast<float>(std::log(lse_base));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, outs.scalar_type(), "merge_partials_cpu", [&] {
+    const scalar_t* o = outs.data_ptr<scalar_t>();
+    const float* l = lses.data_ptr<float>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    float* lse_dst = lse.data_ptr<float>();
+    at::parallel_for(0, T * H, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> lv(N), w(N), acc(D);
+      for (int64_t th = begin; th < end; ++th) {
+        const int64_t t = th / H, h = th % H;
+        for (int64_t r = 0; r < N; ++r)
+          lv[r] = sanitize_lse(l[r * lses.stride(0) + t * lses.stride(1) + h * lses.stride(2)], ln_base);
+        lse_dst[th] = merge_weights(lv.data(), N, w.data());
+        weighted_sum(o + t * outs.stride(1) + h * outs.stride(2), outs.stride(0), w.data(), N, D, dst + th * D,
+                     acc.data());
+      }
+    });
+  });
+  return {out, lse};
+}
+
+Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double lse_base) {
+  constexpr const char* op = "correct_partial";
+  check_dim(out, 3, op, "out", "[T, H, D]");
+  validate_merge(out.unsqueeze(0), lses, lse_base, op);  // lses must be [N, T, H] with out's T, H
+  const int64_t N = lses.size(0), T = out.size(0), H = out.size(1), D = out.size(2);
+  DCP_CHECK(rank >= 0 && rank < N, op, "rank must be in [0, N = ", N, "), got ", rank);
+  Tensor lse = at::empty({T, H}, lses.options());
+  const float ln_base = static_cast<float>(std::log(lse_base));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "correct_partial_cpu", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const float* l = lses.data_ptr<float>();
+    float* lse_dst = lse.data_ptr<float>();
+    at::parallel_for(0, T * H, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> lv(N), w(N);
+      for (int64_t th = begin; th < end; ++th) {
+        const int64_t t = th / H, h = th % H;
+        for (int64_t r = 0; r < N; ++r)
+          lv[r] = sanitize_lse(l[r * lses.stride(0) + t * lses.stride(1) + h * lses.stride(2)], ln_base);
+        lse_dst[th] = merge_weights(lv.data(), N, w.data());
+        const float factor = w[rank];
+        scalar_t* row = o + t * out.stride(0) + h * out.stride(1);
+        for (int64_t d = 0; d < D; ++d)  // an empty shard's row is zeroed, never multiplied (0 * NaN)
+          row[d] = factor == 0.f ? scalar_t(0) : static_cast<scalar_t>(factor * static_cast<float>(row[d]));
+      }
+    });
+  });
+  return lse;
+}
+
+void pack_exchange_cpu(const Tensor& out, const Tensor& lse, Tensor& send) {
+  validate_pack_exchange(out, lse, send);
+  const int64_t N = send.size(0), T = out.size(0), Hl = send.size(2), D = out.size(2);
+  const int64_t row = send.size(3), esize = out.element_size();
+  const char* o = static_cast<const char*>(out.data_ptr());
+  const float* l = lse.data_ptr<float>();
+  char* s = static_cast<char*>(send.data_ptr());
+  at::parallel_for(0, N * T * Hl, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r = i / (T * Hl), t = (i / Hl) % T, hl = i % Hl, h = r * Hl + hl;
+      char* dst = s + i * row * esize;
+      std::memcpy(dst, o + (t * out.stride(0) + h * out.stride(1)) * esize, D * esize);
+      const float v = l[t * lse.stride(0) + h * lse.stride(1)];
+      std::memset(dst + D * esize, 0, 16);
+      std::memcpy(dst + D * esize, &v, sizeof(float));
+    }
+  });
+}
+
+void merge_exchange_cpu(const Tensor& recv, Tensor& out, Tensor& lse) {
+  validate_merge_exchange(recv, out, lse);
+  const int64_t N = recv.size(0), T = recv.size(1), Hl = recv.size(2), row = recv.size(3);
+  const int64_t D = out.size(2);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, recv.scalar_type(), "merge_exchange_cpu", [&] {
+    const scalar_t* in = recv.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    float* lse_dst = lse.data_ptr<float>();
+    at::parallel_for(0, T * Hl, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> lv(N), w(N), acc(D);
+      for (int64_t th = begin; th < end; ++th) {
+        const int64_t t = th / Hl, h = th % Hl;
+        for (int64_t r = 0; r < N; ++r) {
+          float v;
+          std::memcpy(&v, in + ((r * T + t) * Hl + h) * row + D, sizeof(float));
+          lv[r] = sanitize_lse(v, 1.f);
+        }
+        lse_dst[t * lse.stride(0) + h * lse.stride(1)] = merge_weights(lv.data(), N, w.data());
+        weighted_sum(in + th * row, T * Hl * row, w.data(), N, D, o + t * out.stride(0) + h * out.stride(1),
+                     acc.data());
+      }
+    });
+  });
+}
+
+}  // namespace dcp_ops

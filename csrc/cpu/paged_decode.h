@@ -1,0 +1,33 @@
+// Split-KV paged decode attention on the CPU, shared by the GQA and MLA partial ops.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace dcp_ops::cpu {
+
+// One decode problem: Hq query heads over Hkv KV heads (MLA: Hkv = 1, K row = latent + rope, V = its first Dv).
+struct PagedDecodeParams {
+  const float* q;  // [T, Hq, Dk] fp32, already multiplied by scale * log2(e)
+  int64_t q_st, q_sh;
+  const void* k;  // cache element type; element strides per block, token and KV head
+  int64_t k_sb, k_st, k_sh;
+  const void* v;
+  int64_t v_sb, v_st, v_sh;
+  int64_t T, Hq, Hkv, Dk, Dv;
+  const int32_t* block_table;
+  int64_t bt_stride;
+  int64_t block_size;
+  const int32_t* seq_lens;
+  float* out;  // [T, Hq, Dv] fp32, normalised
+  float* lse;  // [T, Hq] fp32, natural log; -inf for an empty sequence
+};
+
+// Reads every (token, block) entry the kernel will touch and fails on an index outside the cache or table.
+void check_paged_indices(const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t num_blocks,
+                         int64_t block_size, const char* op);
+
+void paged_decode(const PagedDecodeParams& p, at::ScalarType cache_dtype);
+
+}  // namespace dcp_ops::cpu

@@ -1,0 +1,48 @@
+// Op declarations: shape validation shared by all backends, and the per-backend implementations.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
+
+namespace dcp_ops {
+
+using at::Tensor;
+
+// Sizes of a paged decode problem after validation.
+struct DecodeDims {
+  int64_t T, Hq, Hkv, Dk, Dv, num_blocks, block_size, max_blocks;
+};
+
+// Validation (csrc/validate.cpp): dtypes, ranks, shapes, devices and strides; no tensor values are read.
+DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
+                        const Tensor& seq_lens, double scale);
+DecodeDims validate_mla(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache, const Tensor& block_table,
+                        const Tensor& seq_lens, double scale, const std::optional<Tensor>& w_uk,
+                        const std::optional<Tensor>& w_uv);
+void validate_merge(const Tensor& outs, const Tensor& lses, double lse_base, const char* op);
+void validate_pack_exchange(const Tensor& out, const Tensor& lse, const Tensor& send);
+void validate_merge_exchange(const Tensor& recv, const Tensor& out, const Tensor& lse);
+void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping);
+int64_t exchange_pad(at::ScalarType dtype);  // elements after D in a packed a2a row: 16 bytes, LSE in the first 4
+
+// CPU kernels (csrc/cpu/*.cpp).
+std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                                  const Tensor& block_table, const Tensor& seq_lens, double scale);
+std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
+                                                  const Tensor& block_table, const Tensor& seq_lens, double scale,
+                                                  const std::optional<Tensor>& w_uk,
+                                                  const std::optional<Tensor>& w_uv);
+std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& lses, double lse_base);
+Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
+void pack_exchange_cpu(const Tensor& out, const Tensor& lse, Tensor& send);
+void merge_exchange_cpu(const Tensor& recv, Tensor& out, Tensor& lse);
+void write_kv_cpu(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping);
+
+#ifdef DCP_OPS_WITH_CUDA
+// CUDA kernels (csrc/cuda/*.cu).
+std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor& lses, double lse_base);
+#endif
+
+}  // namespace dcp_ops

@@ -1,0 +1,178 @@
+// Shape, dtype, device and stride validation shared by the CPU and CUDA implementations of every op.
+#include <cmath>
+
+#include "checks.h"
+#include "ops.h"
+
+namespace dcp_ops {
+
+static void check_scale(double scale, const char* op) {
+  DCP_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be a finite positive number, got ", scale);
+}
+
+DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
+                        const Tensor& seq_lens, double scale) {
+  constexpr const char* op = "gqa_decode_partial";
+  check_dim(q, 3, op, "q", "[T, H_q, D]");
+  check_dim(k_cache, 4, op, "k_cache", "[num_blocks, block_size, H_kv, D]");
+  check_dim(v_cache, 4, op, "v_cache", "[num_blocks, block_size, H_kv, D]");
+  check_float(q, op, "q");
+  check_dtype(k_cache, q.scalar_type(), op, "k_cache");
+  check_dtype(v_cache, q.scalar_type(), op, "v_cache");
+  check_same_device(k_cache, q, op, "k_cache", "q");
+  check_same_device(v_cache, q, op, "v_cache", "q");
+  DCP_CHECK(k_cache.sizes() == v_cache.sizes(), op, "v_cache must have the shape of k_cache ", k_cache.sizes(),
+            ", got ", v_cache.sizes());
+  DecodeDims d{};
+  d.T = q.size(0);
+  d.Hq = q.size(1);
+  d.Dk = d.Dv = q.size(2);
+  d.num_blocks = k_cache.size(0);
+  d.block_size = k_cache.size(1);
+  d.Hkv = k_cache.size(2);
+  check_size(k_cache, 3, d.Dk, op, "k_cache", "head dim, equal to q's");
+  DCP_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, op, "q heads (", d.Hq, ") must be a multiple of the cache's KV heads (",
+            d.Hkv, ")");
+  DCP_CHECK(d.block_size > 0, op, "k_cache block_size (dim 1) must be positive, got ", d.block_size);
+  DCP_CHECK(d.Dk > 0, op, "head dim must be positive, got ", d.Dk);
+  check_last_contiguous(q, op, "q");
+  check_last_contiguous(k_cache, op, "k_cache");
+  check_last_contiguous(v_cache, op, "v_cache");
+  check_paged_meta(block_table, seq_lens, k_cache, d.T, op);
+  d.max_blocks = block_table.size(1);
+  check_scale(scale, op);
+  return d;
+}
+
+DecodeDims validate_mla(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache, const Tensor& block_table,
+                        const Tensor& seq_lens, double scale, const std::optional<Tensor>& w_uk,
+                        const std::optional<Tensor>& w_uv) {
+  constexpr const char* op = "mla_decode_partial";
+  check_dim(q_nope, 3, op, "q_nope", "[T, H, D_latent] or [T, H, D_nope] with w_uk");
+  check_dim(q_pe, 3, op, "q_pe", "[T, H, D_rope]");
+  check_dim(kv_cache, 3, op, "kv_cache", "[num_blocks, block_size, D_latent + D_rope]");
+  check_float(q_nope, op, "q_nope");
+  check_dtype(q_pe, q_nope.scalar_type(), op, "q_pe");
+  check_dtype(kv_cache, q_nope.scalar_type(), op, "kv_cache");
+  check_same_device(q_pe, q_nope, op, "q_pe", "q_nope");
+  check_same_device(kv_cache, q_nope, op, "kv_cache", "q_nope");
+  DecodeDims d{};
+  d.T = q_nope.size(0);
+  d.Hq = q_nope.size(1);
+  d.Hkv = 1;
+  check_size(q_pe, 0, d.T, op, "q_pe", "tokens, equal to q_nope's");
+  check_size(q_pe, 1, d.Hq, op, "q_pe", "heads, equal to q_nope's");
+  const int64_t rope = q_pe.size(2);
+  d.Dk = kv_cache.size(2);
+  const int64_t latent = d.Dk - rope;
+  DCP_CHECK(latent > 0, op, "kv_cache last dim (", d.Dk, ") must exceed q_pe's rope dim (", rope, ")");
+  d.Dv = latent;
+  if (w_uk.has_value()) {
+    check_dim(*w_uk, 3, op, "w_uk", "[H, D_nope, D_latent]");
+    check_dtype(*w_uk, q_nope.scalar_type(), op, "w_uk");
+    check_same_device(*w_uk, q_nope, op, "w_uk", "q_nope");
+    check_size(*w_uk, 0, d.Hq, op, "w_uk", "heads, equal to q_nope's");
+    check_size(*w_uk, 1, q_nope.size(2), op, "w_uk", "D_nope, equal to q_nope's last dim");
+    check_size(*w_uk, 2, latent, op, "w_uk", "D_latent = kv_cache last dim - rope dim");
+  } else {
+    check_size(q_nope, 2, latent, op, "q_nope",
+               "D_latent = kv_cache last dim - q_pe rope dim (pass w_uk for a pre-absorption query)");
+  }
+  if (w_uv.has_value()) {
+    check_dim(*w_uv, 3, op, "w_uv", "[H, D_latent, D_v]");
+    check_dtype(*w_uv, q_nope.scalar_type(), op, "w_uv");
+    check_same_device(*w_uv, q_nope, op, "w_uv", "q_nope");
+    check_size(*w_uv, 0, d.Hq, op, "w_uv", "heads, equal to q_nope's");
+    check_size(*w_uv, 1, latent, op, "w_uv", "D_latent = kv_cache last dim - rope dim");
+  }
+  d.num_blocks = kv_cache.size(0);
+  d.block_size = kv_cache.size(1);
+  DCP_CHECK(d.block_size > 0, op, "kv_cache block_size (dim 1) must be positive, got ", d.block_size);
+  check_last_contiguous(q_nope, op, "q_nope");
+  check_last_contiguous(q_pe, op, "q_pe");
+  check_last_contiguous(kv_cache, op, "kv_cache");
+  check_paged_meta(block_table, seq_lens, kv_cache, d.T, op);
+  d.max_blocks = block_table.size(1);
+  check_scale(scale, op);
+  return d;
+}
+
+void validate_merge(const Tensor& outs, const Tensor& lses, double lse_base, const char* op) {
+  check_dim(outs, 4, op, "outs", "[N, T, H, D]");
+  check_dim(lses, 3, op, "lses", "[N, T, H]");
+  check_float(outs, op, "outs");
+  check_dtype(lses, at::kFloat, op, "lses");
+  check_same_device(lses, outs, op, "lses", "outs");
+  for (int64_t d = 0; d < 3; ++d) check_size(lses, d, outs.size(d), op, "lses", "must match outs[N, T, H]");
+  check_last_contiguous(outs, op, "outs");
+  DCP_CHECK(std::isfinite(lse_base) && lse_base > 1.0, op, "lse_base must be e or 2 (a finite base > 1), got ",
+            lse_base);
+}
+
+int64_t exchange_pad(at::ScalarType dtype) { return 16 / static_cast<int64_t>(c10::elementSize(dtype)); }
+
+void validate_pack_exchange(const Tensor& out, const Tensor& lse, const Tensor& send) {
+  constexpr const char* op = "pack_exchange";
+  check_dim(out, 3, op, "out", "[T, H, D]");
+  check_dim(lse, 2, op, "lse", "[T, H]");
+  check_dim(send, 4, op, "send", "[N, T, H/N, D + pad]");
+  check_float(out, op, "out");
+  check_dtype(lse, at::kFloat, op, "lse");
+  check_dtype(send, out.scalar_type(), op, "send");
+  check_same_device(lse, out, op, "lse", "out");
+  check_same_device(send, out, op, "send", "out");
+  check_size(lse, 0, out.size(0), op, "lse", "tokens, equal to out's");
+  check_size(lse, 1, out.size(1), op, "lse", "heads, equal to out's");
+  const int64_t n = send.size(0);
+  DCP_CHECK(n > 0 && out.size(1) % n == 0, op, "out heads (", out.size(1), ") must divide into send.shape[0] = ", n,
+            " ranks");
+  check_size(send, 1, out.size(0), op, "send", "tokens, equal to out's");
+  check_size(send, 2, out.size(1) / n, op, "send", "heads per rank H/N");
+  check_size(send, 3, out.size(2) + exchange_pad(out.scalar_type()), op, "send", "D + pad (16 bytes)");
+  check_last_contiguous(out, op, "out");
+  check_contiguous(send, op, "send");
+}
+
+void validate_merge_exchange(const Tensor& recv, const Tensor& out, const Tensor& lse) {
+  constexpr const char* op = "merge_exchange";
+  check_dim(recv, 4, op, "recv", "[N, T, H_loc, D + pad]");
+  check_float(recv, op, "recv");
+  check_contiguous(recv, op, "recv");
+  const int64_t pad = exchange_pad(recv.scalar_type());
+  DCP_CHECK(recv.size(3) > pad, op, "recv last dim must be D + ", pad, " (16 bytes of LSE pad), got ", recv.size(3));
+  check_dim(out, 3, op, "out", "[T, H_loc, D]");
+  check_dim(lse, 2, op, "lse", "[T, H_loc]");
+  check_dtype(out, recv.scalar_type(), op, "out");
+  check_dtype(lse, at::kFloat, op, "lse");
+  check_same_device(out, recv, op, "out", "recv");
+  check_same_device(lse, recv, op, "lse", "recv");
+  check_size(out, 0, recv.size(1), op, "out", "tokens");
+  check_size(out, 1, recv.size(2), op, "out", "heads per rank");
+  check_size(out, 2, recv.size(3) - pad, op, "out", "D");
+  check_size(lse, 0, recv.size(1), op, "lse", "tokens");
+  check_size(lse, 1, recv.size(2), op, "lse", "heads per rank");
+  check_last_contiguous(out, op, "out");
+}
+
+void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping) {
+  constexpr const char* op = "write_kv";
+  DCP_CHECK(cache.dim() >= 3, op, "cache must be [num_blocks, block_size, *E] (at least 3-D), got shape ",
+            cache.sizes());
+  DCP_CHECK(new_kv.dim() == cache.dim() - 1, op, "new must be [T, *E] with E = cache.shape[2:] ",
+            cache.sizes().slice(2), ", got shape ", new_kv.sizes());
+  for (int64_t d = 2; d < cache.dim(); ++d)
+    DCP_CHECK(new_kv.size(d - 1) == cache.size(d), op, "new must be [T, *E] with E = cache.shape[2:] ",
+              cache.sizes().slice(2), ", got shape ", new_kv.sizes());
+  check_dtype(new_kv, cache.scalar_type(), op, "new");
+  check_dim(slot_mapping, 1, op, "slot_mapping", "[T]");
+  DCP_CHECK(slot_mapping.scalar_type() == at::kInt || slot_mapping.scalar_type() == at::kLong, op,
+            "slot_mapping must have dtype int32 (or int64), got ", slot_mapping.scalar_type());
+  check_size(slot_mapping, 0, new_kv.size(0), op, "slot_mapping", "tokens, equal to new's");
+  check_same_device(new_kv, cache, op, "new", "cache");
+  check_same_device(slot_mapping, cache, op, "slot_mapping", "cache");
+  check_contiguous(slot_mapping, op, "slot_mapping");
+  check_dense_tail(cache, 2, op, "cache");
+  check_dense_tail(new_kv, 1, op, "new");
+}
+
+}  // namespace dcp_ops

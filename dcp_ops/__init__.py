@@ -1,0 +1,33 @@
+"""dcp_ops: Decode Context Parallelism attention primitives.
+
+The KV cache is sharded by sequence across the ranks of a DCP group; each rank attends every query head over its
+own tokens and the partial results are merged exactly by their log-sum-exp. See README.md and DESIGN.md.
+"""
+import torch
+
+from . import _C  # noqa: F401  (loads the native library: registers torch.ops.dcp_ops)
+
+_ISA_NEEDS = {"avx512": ("AVX512",), "avx2": ("AVX2", "AVX512")}
+if _C.cpu_isa in _ISA_NEEDS and torch.backends.cpu.get_cpu_capability() not in _ISA_NEEDS[_C.cpu_isa]:
+    raise ImportError(
+        f"dcp_ops was built for the {_C.cpu_isa} CPU instruction set but this CPU reports "
+        f"{torch.backends.cpu.get_cpu_capability()}; rebuild with DCP_OPS_CPU_ISA=default (or the CPU's ISA)")
+
+from . import reference  # noqa: E402,F401
+from .layout import local_seq_lens, owner_rank, shard_kv, slot_mapping, unshard_kv  # noqa: E402
+from .ops import (  # noqa: E402
+    correct_partial,
+    gqa_decode_partial,
+    merge_exchange,
+    merge_partials,
+    mla_decode_partial,
+    pack_exchange,
+    write_kv,
+)
+
+__all__ = [
+    "gqa_decode_partial", "mla_decode_partial", "merge_partials", "correct_partial", "pack_exchange",
+    "merge_exchange", "write_kv", "owner_rank", "local_seq_lens", "slot_mapping", "shard_kv", "unshard_kv",
+    "reference",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,169 @@
+"""KV placement across a DCP group (vLLM-compatible, DESIGN.md §3). Int tensors in, int tensors out, vectorised.
+
+Interleave size I, group size N, rank r, global position p:
+  owner(p)              = (p // I) % N
+  local index j(p)      = (p // (N*I)) * I + p % I
+  local length(L, r)    = (L // (N*I)) * I + clamp(L % (N*I) - r*I, 0, I)
+  slot(p) on the owner  = block_table[req, p // (block_size*N)] * block_size + j % block_size   (-1 elsewhere)
+Local token j of a request lives at block block_table[req, j // block_size], offset j % block_size, on every rank.
+"""
+from typing import List, Sequence
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def _check_int(t: Tensor, fn: str, name: str) -> None:
+    if not isinstance(t, Tensor) or t.dtype not in (torch.int32, torch.int64):
+        got = t.dtype if isinstance(t, Tensor) else type(t).__name__
+        raise TypeError(f"{fn}: {name} must be an int32 or int64 tensor, got {got}")
+
+
+def _check_group(fn: str, world_size: int, interleave: int, rank: int = 0) -> None:
+    if world_size < 1:
+        raise ValueError(f"{fn}: world_size must be >= 1, got {world_size}")
+    if interleave < 1:
+        raise ValueError(f"{fn}: interleave must be >= 1, got {interleave}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"{fn}: rank must be in [0, world_size = {world_size}), got {rank}")
+
+
+def _check_nonneg(t: Tensor, fn: str, name: str) -> None:
+    if t.numel() and int(t.min()) < 0:
+        raise ValueError(f"{fn}: {name} must be >= 0, got min {int(t.min())}")
+
+
+def owner_rank(positions: Tensor, world_size: int, interleave: int = 1) -> Tensor:
+    """Rank owning each global position: (p // I) % N. Same shape and dtype as positions."""
+    _check_int(positions, "owner_rank", "positions")
+    _check_group("owner_rank", world_size, interleave)
+    _check_nonneg(positions, "owner_rank", "positions")
+    return (positions // interleave) % world_size
+
+
+def local_index(positions: Tensor, world_size: int, interleave: int = 1) -> Tensor:
+    """Index of each global position among its owner's tokens: (p // (N*I)) * I + p % I."""
+    return (positions // (world_size * interleave)) * interleave + positions % interleave
+
+
+def local_seq_lens(seq_lens: Tensor, world_size: int, rank: int, interleave: int = 1) -> Tensor:
+    """This rank's number of tokens for each global length: (L // (N*I)) * I + clamp(L % (N*I) - r*I, 0, I)."""
+    _check_int(seq_lens, "local_seq_lens", "seq_lens")
+    _check_group("local_seq_lens", world_size, interleave, rank)
+    _check_nonneg(seq_lens, "local_seq_lens", "seq_lens")
+    span = world_size * interleave
+    return (seq_lens // span) * interleave + (seq_lens % span - rank * interleave).clamp(0, interleave)
+
+
+def slot_mapping(block_table: Tensor, seq_ids: Tensor, positions: Tensor, block_size: int, world_size: int,
+                 rank: int, interleave: int = 1) -> Tensor:
+    """Flat cache slot of each new token on this rank, -1 where another rank owns it.
+
+    block_table [B, max_blocks] (the same on every rank); seq_ids [T] block-table row of each token; positions [T]
+    global position of each token. Returns [T] in block_table's dtype.
+    """
+    fn = "slot_mapping"
+    _check_int(block_table, fn, "block_table")
+    _check_int(seq_ids, fn, "seq_ids")
+    _check_int(positions, fn, "positions")
+    _check_group(fn, world_size, interleave, rank)
+    if block_table.dim() != 2:
+        raise ValueError(f"{fn}: block_table must be 2-D [B, max_blocks], got shape {tuple(block_table.shape)}")
+    if seq_ids.shape != positions.shape or seq_ids.dim() != 1:
+        raise ValueError(f"{fn}: seq_ids and positions must both be [T], got {tuple(seq_ids.shape)} and "
+                         f"{tuple(positions.shape)}")
+    if block_size < 1 or block_size % interleave:
+        raise ValueError(f"{fn}: interleave ({interleave}) must divide block_size ({block_size})")
+    for name, t in (("seq_ids", seq_ids), ("positions", positions)):
+        if t.device != block_table.device:
+            raise ValueError(f"{fn}: {name} must be on block_table's device {block_table.device}, got {t.device}")
+    _check_nonneg(positions, fn, "positions")
+    if seq_ids.numel():
+        lo, hi = int(seq_ids.min()), int(seq_ids.max())
+        if lo < 0 or hi >= block_table.shape[0]:
+            raise ValueError(f"{fn}: seq_ids must be in [0, B = {block_table.shape[0]}), got range [{lo}, {hi}]")
+        need = int((positions // (block_size * world_size)).max())
+        if need >= block_table.shape[1]:
+            raise ValueError(f"{fn}: position {int(positions.max())} needs block-table column {need}, but "
+                             f"block_table has {block_table.shape[1]} columns")
+    vblock = block_table[seq_ids.long(), (positions // (block_size * world_size)).long()]
+    j = local_index(positions, world_size, interleave)
+    slots = vblock.to(positions.dtype) * block_size + j % block_size
+    mine = owner_rank(positions, world_size, interleave) == rank
+    return torch.where(mine, slots, torch.full_like(slots, -1)).to(block_table.dtype)
+
+
+def _token_index(block_table: Tensor, seq_lens: Tensor, fn: str):
+    """(row, position) of every token of every request, flattened: no Python loop over tokens."""
+    _check_int(block_table, fn, "block_table")
+    _check_int(seq_lens, fn, "seq_lens")
+    if block_table.dim() != 2 or seq_lens.shape != (block_table.shape[0],):
+        raise ValueError(f"{fn}: block_table must be [B, max_blocks] and seq_lens [B], got "
+                         f"{tuple(block_table.shape)} and {tuple(seq_lens.shape)}")
+    _check_nonneg(seq_lens, fn, "seq_lens")
+    lens = seq_lens.long()
+    rows = torch.repeat_interleave(torch.arange(len(lens), device=lens.device), lens)
+    starts = torch.cumsum(lens, 0) - lens
+    pos = torch.arange(rows.numel(), device=lens.device) - starts[rows]
+    return rows, pos
+
+
+def _check_cache(cache: Tensor, block_table: Tensor, fn: str, name: str) -> None:
+    if cache.dim() < 3:
+        raise ValueError(f"{fn}: {name} must be [num_blocks, block_size, *E], got shape {tuple(cache.shape)}")
+
+
+def _placements(cache: Tensor, block_table: Tensor, seq_lens: Tensor, world_size: int, interleave: int, fn: str):
+    """For every token: its unsharded (block, offset), its owner and its (block, offset) on the owner."""
+    _check_group(fn, world_size, interleave)
+    bs = cache.shape[1]
+    if bs % interleave:
+        raise ValueError(f"{fn}: interleave ({interleave}) must divide block_size ({bs})")
+    rows, pos = _token_index(block_table, seq_lens, fn)
+    max_len = block_table.shape[1] * bs
+    if pos.numel() and int(seq_lens.max()) > max_len:
+        raise ValueError(f"{fn}: seq_lens max {int(seq_lens.max())} exceeds block_table capacity {max_len}")
+    bt = block_table.long()
+    used = bt[rows, pos // bs]
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= cache.shape[0]):
+        raise ValueError(f"{fn}: block_table ids in use must be in [0, num_blocks = {cache.shape[0]}), got range "
+                         f"[{int(used.min())}, {int(used.max())}]")
+    src = (used, pos % bs)
+    j = local_index(pos, world_size, interleave)
+    dst = (bt[rows, j // bs], j % bs)
+    return src, owner_rank(pos, world_size, interleave), dst
+
+
+def shard_kv(cache: Tensor, block_table: Tensor, seq_lens: Tensor, world_size: int, interleave: int = 1,
+             fill: float = 0.0) -> List[Tensor]:
+    """Splits an unsharded paged cache [num_blocks, block_size, *E] into the N per-rank caches (same shape).
+
+    block_table [B, max_blocks] and seq_lens [B] (global lengths) describe the unsharded cache; the same block table
+    addresses every shard (DESIGN.md §3). Slots a shard does not use hold `fill` (NaN makes stray reads loud).
+    """
+    fn = "shard_kv"
+    _check_cache(cache, block_table, fn, "cache")
+    src, owner, dst = _placements(cache, block_table, seq_lens, world_size, interleave, fn)
+    shards = []
+    for r in range(world_size):
+        shard = torch.full_like(cache, fill)
+        m = owner == r
+        shard[dst[0][m], dst[1][m]] = cache[src[0][m], src[1][m]]
+        shards.append(shard)
+    return shards
+
+
+def unshard_kv(shards: Sequence[Tensor], block_table: Tensor, seq_lens: Tensor, interleave: int = 1,
+               fill: float = 0.0) -> Tensor:
+    """Inverse of shard_kv: rebuilds the unsharded cache from the N per-rank caches."""
+    fn = "unshard_kv"
+    if len(shards) < 1 or any(s.shape != shards[0].shape or s.dtype != shards[0].dtype for s in shards):
+        raise ValueError(f"{fn}: shards must be a non-empty list of caches of one shape and dtype")
+    _check_cache(shards[0], block_table, fn, "shards[0]")
+    src, owner, dst = _placements(shards[0], block_table, seq_lens, len(shards), interleave, fn)
+    cache = torch.full_like(shards[0], fill)
+    for r, shard in enumerate(shards):
+        m = owner == r
+        cache[src[0][m], src[1][m]] = shard[dst[0][m], dst[1][m]]
+    return cache

@@ -1,0 +1,144 @@
+"""Plain-torch float64 definitions of every op and placement helper: the oracle every test compares against.
+
+Written for reading, not speed. Each function returns float64 results (LSE natural log) and never mutates inputs.
+"""
+import math
+from typing import List, Optional, Tuple
+
+import torch
+
+Tensor = torch.Tensor
+NEG_INF = float("-inf")
+
+
+def _gather_tokens(cache: Tensor, block_table: Tensor, row: int, length: int) -> Tensor:
+    """The first `length` tokens of request `row` from a paged cache [num_blocks, block_size, ...], float64."""
+    bs = cache.shape[1]
+    pos = torch.arange(length)
+    return cache[block_table[row, pos // bs].long(), pos % bs].double()
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tuple[Tensor, Tensor]:
+    """q [H, Dk], k [L, H, Dk], v [L, H, Dv] -> (out [H, Dv], lse [H]); L == 0 gives zeros and -inf."""
+    if k.shape[0] == 0:
+        return q.new_zeros(q.shape[0], v.shape[-1]), q.new_full((q.shape[0],), NEG_INF)
+    s = torch.einsum("hd,lhd->hl", q, k) * scale
+    return torch.einsum("hl,lhd->hd", torch.softmax(s, -1), v), torch.logsumexp(s, -1)
+
+
+def gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, scale):
+    """(out [T, H_q, D], lse [T, H_q]) float64; query head h reads KV head h // (H_q / H_kv)."""
+    T, Hq, _ = q.shape
+    group = Hq // k_cache.shape[2]
+    outs, lses = [], []
+    for t in range(T):
+        n = int(seq_lens[t])
+        k = _gather_tokens(k_cache, block_table, t, n).repeat_interleave(group, dim=1)
+        v = _gather_tokens(v_cache, block_table, t, n).repeat_interleave(group, dim=1)
+        o, lse = _attend(q[t].double(), k, v, scale)
+        outs.append(o)
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)
+
+
+def mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk=None, w_uv=None):
+    """(out [T, H, D_latent or D_v], lse [T, H]) float64. Keys: whole cache rows; values: the latent part."""
+    T, H, _ = q_nope.shape
+    latent = kv_cache.shape[-1] - q_pe.shape[-1]
+    q_lat = q_nope.double()
+    if w_uk is not None:
+        q_lat = torch.einsum("thn,hnl->thl", q_lat, w_uk.double())
+    q = torch.cat([q_lat, q_pe.double()], -1)
+    outs, lses = [], []
+    for t in range(T):
+        rows = _gather_tokens(kv_cache, block_table, t, int(seq_lens[t]))  # [L, Dl + Dr]
+        k = rows[:, None, :].expand(-1, H, -1)
+        v = rows[:, None, :latent].expand(-1, H, -1)
+        o, lse = _attend(q[t], k, v, scale)
+        outs.append(o)
+        lses.append(lse)
+    out = torch.stack(outs)
+    if w_uv is not None:
+        out = torch.einsum("thl,hlv->thv", out, w_uv.double())
+    return out, torch.stack(lses)
+
+
+def sanitize_lse(lses: Tensor, lse_base: float = math.e) -> Tensor:
+    """External LSE to natural log, float64; NaN and +inf mean an empty shard (-inf)."""
+    x = lses.double() * math.log(lse_base)
+    return torch.where(torch.isnan(x) | (x == math.inf), torch.full_like(x, NEG_INF), x)
+
+
+def merge_weights(lses: Tensor, lse_base: float = math.e) -> Tuple[Tensor, Tensor]:
+    """(weights [N, ...] = exp(lse_r - L), L [...]) float64; all-empty positions get weights 0 and L = -inf."""
+    x = sanitize_lse(lses, lse_base)
+    total = torch.logsumexp(x, 0)
+    empty = total == NEG_INF
+    w = torch.exp(x - torch.where(empty, torch.zeros_like(total), total))
+    return torch.where(empty, torch.zeros_like(w), w), total
+
+
+def merge_partials(outs, lses, lse_base=math.e):
+    """(out [T, H, D], lse [T, H]) float64 from outs [N, T, H, D] and lses [N, T, H] in base lse_base."""
+    w, total = merge_weights(lses, lse_base)
+    o = torch.where(w[..., None] > 0, outs.double(), torch.zeros((), dtype=torch.float64))  # empty rows may be NaN
+    return (w[..., None] * o).sum(0), total
+
+
+def correct_partial(out, lses, rank, lse_base=math.e):
+    """(out * exp(lse_rank - L), L) float64: vLLM's correct_attn_out, without mutating `out`."""
+    w, total = merge_weights(lses, lse_base)
+    o = torch.where(w[rank][..., None] > 0, out.double(), torch.zeros((), dtype=torch.float64))
+    return w[rank][..., None] * o, total
+
+
+def pack_exchange(out, lse, world_size):
+    """(payload [N, T, H/N, D], lse [N, T, H/N]): what rank r receives from this rank is head slice r."""
+    T, H, D = out.shape
+    hl = H // world_size
+    return (out.double().reshape(T, world_size, hl, D).transpose(0, 1),
+            lse.double().reshape(T, world_size, hl).transpose(0, 1))
+
+
+def merge_exchange(payload, lses):
+    """Merge of what every rank sent: payload [N, T, H_loc, D], lses [N, T, H_loc] natural -> (out, lse)."""
+    return merge_partials(payload, lses)
+
+
+def write_kv(cache, new, slot_mapping):
+    """A copy of cache [num_blocks, block_size, *E] with new[t] at flat slot slot_mapping[t] (skipping -1)."""
+    out = cache.clone()
+    bs = cache.shape[1]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            out[slot // bs, slot % bs] = new[t]
+    return out
+
+
+# KV placement, one position at a time, straight from the formulas in DESIGN.md §3.
+def owner_rank(p: int, world_size: int, interleave: int = 1) -> int:
+    return (p // interleave) % world_size
+
+
+def local_index(p: int, world_size: int, interleave: int = 1) -> int:
+    return (p // (world_size * interleave)) * interleave + p % interleave
+
+
+def local_seq_len(length: int, world_size: int, rank: int, interleave: int = 1) -> int:
+    """Counts the positions below `length` that `rank` owns."""
+    return sum(1 for p in range(length) if owner_rank(p, world_size, interleave) == rank)
+
+
+def slot(block_table_row: List[int], p: int, block_size: int, world_size: int, rank: int,
+         interleave: int = 1) -> int:
+    if owner_rank(p, world_size, interleave) != rank:
+        return -1
+    j = local_index(p, world_size, interleave)
+    return block_table_row[p // (block_size * world_size)] * block_size + j % block_size
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, group: int = 1) -> Tuple[Tensor, Tensor]:
+    """Unsharded attention of one token: q [H, Dk], k [L, H_kv, Dk], v [L, H_kv, Dv] -> (out [H, Dv], lse [H])."""
+    return _attend(q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1), scale)
+
+
