@@ -22,6 +22,7 @@ DecodeDims validate_mla(const Tensor& q_nope, const Tensor& q_pe, const Tensor& 
                         const Tensor& seq_lens, double scale, const std::optional<Tensor>& w_uk,
                         const std::optional<Tensor>& w_uv);
 void validate_merge(const Tensor& outs, const Tensor& lses, double lse_base, const char* op);
+void validate_correct(const Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
 void validate_pack_exchange(const Tensor& out, const Tensor& lse, const Tensor& send);
 void validate_merge_exchange(const Tensor& recv, const Tensor& out, const Tensor& lse);
 void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping);

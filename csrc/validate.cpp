@@ -109,6 +109,21 @@ void validate_merge(const Tensor& outs, const Tensor& lses, double lse_base, con
             lse_base);
 }
 
+void validate_correct(const Tensor& out, const Tensor& lses, int64_t rank, double lse_base) {
+  constexpr const char* op = "correct_partial";
+  check_dim(out, 3, op, "out", "[T, H, D]");
+  check_dim(lses, 3, op, "lses", "[N, T, H]");
+  check_float(out, op, "out");
+  check_dtype(lses, at::kFloat, op, "lses");
+  check_same_device(lses, out, op, "lses", "out");
+  check_size(lses, 1, out.size(0), op, "lses", "tokens, equal to out's");
+  check_size(lses, 2, out.size(1), op, "lses", "heads, equal to out's");
+  check_last_contiguous(out, op, "out");
+  DCP_CHECK(rank >= 0 && rank < lses.size(0), op, "rank must be in [0, N = ", lses.size(0), "), got ", rank);
+  DCP_CHECK(std::isfinite(lse_base) && lse_base > 1.0, op, "lse_base must be e or 2 (a finite base > 1), got ",
+            lse_base);
+}
+
 int64_t exchange_pad(at::ScalarType dtype) { return 16 / static_cast<int64_t>(c10::elementSize(dtype)); }
 
 void validate_pack_exchange(const Tensor& out, const Tensor& lse, const Tensor& send) {

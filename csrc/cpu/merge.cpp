@@ -80,11 +80,8 @@ std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& 
 }
 
 Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double lse_base) {
-  constexpr const char* op = "correct_partial";
-  check_dim(out, 3, op, "out", "[T, H, D]");
-  validate_merge(out.unsqueeze(0), lses, lse_base, op);  // lses must be [N, T, H] with out's T, H
+  validate_correct(out, lses, rank, lse_base);
   const int64_t N = lses.size(0), T = out.size(0), H = out.size(1), D = out.size(2);
-  DCP_CHECK(rank >= 0 && rank < N, op, "rank must be in [0, N = ", N, "), got ", rank);
   Tensor lse = at::empty({T, H}, lses.options());
   const float ln_base = static_cast<float>(std::log(lse_base));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "correct_partial_cpu", [&] {

@@ -1,5 +1,5 @@
-// Split-KV paged decode: tiles of kTile tokens are staged to fp32 (K transposed), scored with the register-blocked
-// GEMM, folded into an online base-2 softmax, and the splits combined at the end.
+// Split-KV paged decode: each tile of cache rows is scored in place as S^T = K Q^T with the register-blocked GEMM
+// (heads along the vector), folded into an online base-2 softmax, and the splits combined at the end.
 #include "cpu/paged_decode.h"
 
 #include <ATen/Parallel.h>
@@ -19,65 +19,57 @@ namespace dcp_ops::cpu {
 
 namespace {
 
-constexpr int64_t kTile = 64;  // tokens per staged tile
+constexpr int64_t kTile = 64;  // most tokens per tile (a tile never crosses a cache block)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLn2 = 0.693147180559945309f;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Prefetches the cache rows of tokens [j, j + n) so the next tile's loads overlap this tile's arithmetic.
 template <typename scalar_t>
-inline float to_float(scalar_t x) { return static_cast<float>(x); }
-
-// Stages tokens [j, j + n) of one KV head: kt[Dk x kTile] (transposed) and vs[n x Dv], fp32.
-template <typename scalar_t>
-void stage_tile(const PagedDecodeParams& p, int64_t t, int64_t kvh, int64_t j, int64_t n, float* kt, float* vs) {
-  const auto* k = static_cast<const scalar_t*>(p.k);
-  const auto* v = static_cast<const scalar_t*>(p.v);
+void prefetch_tile(const PagedDecodeParams& p, int64_t t, int64_t kvh, int64_t j, int64_t n) {
+  const auto* k = static_cast<const char*>(p.k);
+  const auto* v = static_cast<const char*>(p.v);
   const int32_t* row = p.block_table + t * p.bt_stride;
+  const int64_t es = sizeof(scalar_t);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t pos = j + i;
-    const int64_t block = row[pos / p.block_size];
-    const int64_t off = pos % p.block_size;
-    const scalar_t* kr = k + block * p.k_sb + off * p.k_st + kvh * p.k_sh;
-    const scalar_t* vr = v + block * p.v_sb + off * p.v_st + kvh * p.v_sh;
-    for (int64_t d = 0; d < p.Dk; ++d) kt[d * kTile + i] = to_float(kr[d]);
-    float* vo = vs + i * p.Dv;
-    for (int64_t d = 0; d < p.Dv; ++d) vo[d] = to_float(vr[d]);
+    const int64_t block = row[pos / p.block_size], off = pos % p.block_size;
+    const char* kr = k + (block * p.k_sb + off * p.k_st + kvh * p.k_sh) * es;
+    for (int64_t b = 0; b < p.Dk * es; b += 64) __builtin_prefetch(kr + b);
+    if (p.v == p.k) continue;  // MLA: values are the key rows' prefix
+    const char* vr = v + (block * p.v_sb + off * p.v_st + kvh * p.v_sh) * es;
+    for (int64_t b = 0; b < p.Dv * es; b += 64) __builtin_prefetch(vr + b);
   }
 }
 
-// Online softmax over one tile of base-2 scores s[G x kTile] (n valid columns): s becomes probabilities,
-// o rows are rescaled to the new running max.
-void softmax_update(float* s, int64_t G, int64_t n, float* m, float* l, float* o, int64_t Dv) {
+// Online softmax over one tile of transposed base-2 scores st[n x G]: st becomes probabilities, and the rows of o
+// [G x Dv] are rescaled to the new running max. Vectorised across the G heads.
+void softmax_update(float* st, int64_t G, int64_t n, float* m, float* l, float* o, int64_t Dv, float* alpha) {
   constexpr int64_t VL = fVec::size();
+  for (int64_t g0 = 0; g0 < G; g0 += VL) {
+    const int64_t w = std::min(VL, G - g0);
+    fVec mx = fVec::loadu(m + g0, w);
+    for (int64_t i = 0; i < n; ++i) mx = at::vec::maximum(mx, fVec::loadu(st + i * G + g0, w));
+    const fVec m_old = fVec::loadu(m + g0, w);
+    const fVec a = (m_old - mx).exp2();  // 0 on the first tile (m = -inf)
+    fVec sum(0.f);
+    for (int64_t i = 0; i < n; ++i) {
+      const fVec e = (fVec::loadu(st + i * G + g0, w) - mx).exp2();
+      e.store(st + i * G + g0, w);
+      sum = sum + e;
+    }
+    (fVec::loadu(l + g0, w) * a + sum).store(l + g0, w);
+    mx.store(m + g0, w);
+    a.store(alpha + g0, w);
+  }
   for (int64_t g = 0; g < G; ++g) {
-    float* row = s + g * kTile;
-    float mx = kNegInf;
-    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, row[i]);
-    const float m_new = std::max(m[g], mx);
-    const float alpha = std::exp2(m[g] - m_new);  // 0 on the first tile (m = -inf)
-    fVec sum_v(0.f);
-    const fVec mv(m_new);
-    int64_t i = 0;
-    for (; i + VL <= n; i += VL) {
-      const fVec e = (fVec::loadu(row + i) - mv).exp2();
-      e.store(row + i);
-      sum_v = sum_v + e;
-    }
-    float sum = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, sum_v);
-    for (; i < n; ++i) {
-      row[i] = std::exp2(row[i] - m_new);
-      sum += row[i];
-    }
-    l[g] = l[g] * alpha + sum;
-    m[g] = m_new;
-    if (alpha != 1.f) {
-      float* orow = o + g * Dv;
-      const fVec av(alpha);
-      int64_t d = 0;
-      for (; d + VL <= Dv; d += VL) (fVec::loadu(orow + d) * av).store(orow + d);
-      for (; d < Dv; ++d) orow[d] *= alpha;
-    }
+    if (alpha[g] == 1.f) continue;
+    float* orow = o + g * Dv;
+    const fVec av(alpha[g]);
+    int64_t d = 0;
+    for (; d + VL <= Dv; d += VL) (fVec::loadu(orow + d) * av).store(orow + d);
+    for (; d < Dv; ++d) orow[d] *= alpha[g];
   }
 }
 
@@ -94,8 +86,10 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   const int64_t items = pairs * nsplit;
   std::vector<float> part_o(items * G * p.Dv), part_m(items * G), part_l(items * G);
 
+  const auto* kc = static_cast<const scalar_t*>(p.k);
+  const auto* vc = static_cast<const scalar_t*>(p.v);
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(p.Dk * kTile), vs(kTile * p.Dv), s(G * kTile);
+    std::vector<float> st(kTile * G), qt(p.Dk * G), alpha(G);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t pair = item / nsplit, split = item % nsplit;
       const int64_t t = pair / p.Hkv, kvh = pair % p.Hkv;
@@ -108,14 +102,24 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       std::fill(o, o + G * p.Dv, 0.f);
       std::fill(m, m + G, kNegInf);
       std::fill(l, l + G, 0.f);
+      if (j0 >= j1) continue;
       const float* qg = p.q + t * p.q_st + kvh * G * p.q_sh;
-      for (int64_t j = j0; j < j1; j += kTile) {
-        const int64_t n = std::min(kTile, j1 - j);
-        stage_tile<scalar_t>(p, t, kvh, j, n, kt.data(), vs.data());
-        std::fill(s.begin(), s.end(), 0.f);
-        gemm_acc(G, n, p.Dk, qg, p.q_sh, kt.data(), kTile, s.data(), kTile);
-        softmax_update(s.data(), G, n, m, l, o, p.Dv);
-        gemm_acc(G, p.Dv, n, s.data(), kTile, vs.data(), p.Dv, o, p.Dv);
+      for (int64_t g = 0; g < G; ++g)  // Q^T [Dk x G]: scores come out as S^T = K Q^T, heads along the vector
+        for (int64_t d = 0; d < p.Dk; ++d) qt[d * G + g] = qg[g * p.q_sh + d];
+      const int32_t* row = p.block_table + t * p.bt_stride;
+      // Tiles never cross a block, so a tile's rows sit at one stride in the cache and are read in place.
+      for (int64_t j = j0; j < j1;) {
+        const int64_t off = j % p.block_size;
+        const int64_t n = std::min({kTile, j1 - j, p.block_size - off});
+        const int64_t block = row[j / p.block_size];
+        const scalar_t* k = kc + block * p.k_sb + off * p.k_st + kvh * p.k_sh;
+        const scalar_t* v = vc + block * p.v_sb + off * p.v_st + kvh * p.v_sh;
+        if (j + n < j1) prefetch_tile<scalar_t>(p, t, kvh, j + n, std::min({kTile, j1 - j - n, p.block_size}));
+        std::fill(st.begin(), st.begin() + n * G, 0.f);
+        gemm_acc(n, G, p.Dk, k, p.k_st, 1, qt.data(), G, st.data(), G);
+        softmax_update(st.data(), G, n, m, l, o, p.Dv, alpha.data());
+        gemm_acc(G, p.Dv, n, st.data(), 1, G, v, p.v_st, o, p.Dv);  // P = st^T read in place
+        j += n;
       }
     }
   });

@@ -1,0 +1,48 @@
+import math
+import os
+import sys
+
+import pytest
+import torch
+from hypothesis import settings
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True)
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+def paged_cache(lens, block_size, entry, dtype, gen, extra_blocks=2):
+    """A paged cache [num_blocks, block_size, *entry] holding len random tokens per request, NaN everywhere else.
+
+    Blocks are handed out in a random order; unused block-table entries hold an id far outside the cache, so a
+    kernel that reads past a sequence's last block fails loudly. Returns (cache, block_table int32).
+    """
+    need = [math.ceil(n / block_size) for n in lens]
+    num_blocks = sum(need) + extra_blocks
+    max_blocks = max(need + [0]) + 1
+    cache = torch.full((num_blocks, block_size, *entry), float("nan"), dtype=dtype)
+    order = torch.randperm(num_blocks, generator=gen)
+    table = torch.full((len(lens), max_blocks), num_blocks + 1000, dtype=torch.int32)
+    used = 0
+    for b, (n, k) in enumerate(zip(lens, need)):
+        table[b, :k] = order[used:used + k].int()
+        used += k
+        pos = torch.arange(n)
+        cache[table[b, pos // block_size].long(), pos % block_size] = torch.randn(
+            n, *entry, generator=gen).to(dtype)
+    return cache, table
+
+
+def randn(*shape, dtype=torch.float32, gen=None, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)

@@ -1,0 +1,111 @@
+"""gqa_decode_partial and mla_decode_partial against the float64 reference on fresh random paged caches."""
+import math
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dcp_ops
+from dcp_ops import reference as ref
+from conftest import DTYPES, paged_cache, randn
+from tolerances import assert_lse_matches, assert_matches
+
+lens_st = st.lists(st.integers(0, 150), min_size=1, max_size=4)
+
+
+@given(dtype=st.sampled_from(DTYPES), head_dim=st.sampled_from([64, 128, 256]), group=st.sampled_from([1, 2, 4, 8]),
+       hkv=st.sampled_from([1, 2]), block_size=st.sampled_from([1, 8, 16, 64]), lens=lens_st,
+       seed=st.integers(0, 2**31 - 1))
+def test_gqa_matches_reference(dtype, head_dim, group, hkv, block_size, lens, seed):
+    gen = torch.Generator().manual_seed(seed)
+    k, table = paged_cache(lens, block_size, (hkv, head_dim), dtype, gen)
+    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))  # same used slots as k, NaN elsewhere
+    q = randn(len(lens), hkv * group, head_dim, dtype=dtype, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    scale = head_dim ** -0.5
+    out, lse = dcp_ops.gqa_decode_partial(q, k, v, table, seq_lens, scale)
+    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, scale)
+    assert out.dtype == dtype
+    assert_matches(out, r_out, dtype, "out")
+    assert_lse_matches(lse, r_lse, "lse")
+
+
+def test_gqa_empty_sequences_give_zero_and_neg_inf():
+    gen = torch.Generator().manual_seed(0)
+    k, table = paged_cache([0, 5, 0], 4, (2, 64), torch.float32, gen)
+    v = torch.where(torch.isnan(k), k, torch.randn_like(k))
+    q = randn(3, 4, 64, gen=gen)
+    out, lse = dcp_ops.gqa_decode_partial(q, k, v, table, torch.tensor([0, 5, 0], dtype=torch.int32), 0.125)
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.equal(out[2], torch.zeros_like(out[2]))
+    assert torch.isinf(lse[[0, 2]]).all() and (lse[[0, 2]] < 0).all()
+    assert torch.isfinite(lse[1]).all()
+
+
+def test_gqa_accepts_strided_views_of_a_combined_cache():
+    gen = torch.Generator().manual_seed(1)
+    kv = torch.randn(2, 6, 16, 2, 128, generator=gen)  # [2, num_blocks, block_size, H_kv, D]
+    k, v = kv[0], kv[1]
+    table = torch.tensor([[3, 1, 0], [5, 2, 4]], dtype=torch.int32)
+    seq_lens = torch.tensor([40, 33], dtype=torch.int32)
+    q = randn(2, 8, 128, gen=gen)
+    out, lse = dcp_ops.gqa_decode_partial(q, k, v, table, seq_lens, 0.1)
+    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, 0.1)
+    assert_matches(out, r_out, torch.float32, "out")
+    assert_lse_matches(lse, r_lse, "lse")
+    # non-contiguous head-strided cache view: every other KV head of a 4-head cache
+    wide = torch.randn(6, 16, 4, 128, generator=gen)
+    out2, _ = dcp_ops.gqa_decode_partial(q, wide[:, :, ::2], wide[:, :, 1::2], table, seq_lens, 0.1)
+    r2, _ = ref.gqa_decode_partial(q, wide[:, :, ::2], wide[:, :, 1::2], table, seq_lens, 0.1)
+    assert_matches(out2, r2, torch.float32, "out (head-strided cache)")
+
+
+@given(dtype=st.sampled_from(DTYPES), heads=st.sampled_from([1, 4, 16]), dims=st.sampled_from([(512, 64), (128, 32),
+       (64, 16)]), absorb=st.booleans(), up=st.booleans(), block_size=st.sampled_from([1, 16, 64]), lens=lens_st,
+       seed=st.integers(0, 2**31 - 1))
+def test_mla_matches_reference(dtype, heads, dims, absorb, up, block_size, lens, seed):
+    latent, rope = dims
+    gen = torch.Generator().manual_seed(seed)
+    kv, table = paged_cache(lens, block_size, (latent + rope,), dtype, gen)
+    T = len(lens)
+    d_nope, d_v = 96, 48
+    w_uk = randn(heads, d_nope, latent, dtype=dtype, gen=gen, scale=d_nope ** -0.5) if absorb else None
+    w_uv = randn(heads, latent, d_v, dtype=dtype, gen=gen, scale=latent ** -0.5) if up else None
+    q_nope = randn(T, heads, d_nope if absorb else latent, dtype=dtype, gen=gen)
+    q_pe = randn(T, heads, rope, dtype=dtype, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    scale = (latent + rope) ** -0.5
+    out, lse = dcp_ops.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
+    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
+    assert out.shape == (T, heads, d_v if up else latent) and out.dtype == dtype
+    assert_matches(out, r_out, dtype, "out")
+    assert_lse_matches(lse, r_lse, "lse")
+
+
+def test_mla_deepseek_shape_with_absorption():
+    gen = torch.Generator().manual_seed(2)
+    lens = [70, 0, 129]
+    kv, table = paged_cache(lens, 64, (576,), torch.float32, gen)
+    w_uk = randn(8, 128, 512, gen=gen, scale=128 ** -0.5)
+    w_uv = randn(8, 512, 128, gen=gen, scale=512 ** -0.5)
+    q_nope, q_pe = randn(3, 8, 128, gen=gen), randn(3, 8, 64, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    scale = 192 ** -0.5
+    out, lse = dcp_ops.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
+    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
+    assert_matches(out, r_out, torch.float32, "out")
+    assert_lse_matches(lse, r_lse, "lse")
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == -math.inf).all())
+
+
+def test_long_context_uses_splits_and_stays_exact():
+    # enough tokens that the kernel splits one sequence across threads and combines the splits
+    gen = torch.Generator().manual_seed(3)
+    lens = [3000]
+    k, table = paged_cache(lens, 16, (1, 64), torch.float32, gen)
+    v = torch.where(torch.isnan(k), k, torch.randn_like(k))
+    q = randn(1, 4, 64, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out, lse = dcp_ops.gqa_decode_partial(q, k, v, table, seq_lens, 0.125)
+    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, 0.125)
+    assert_matches(out, r_out, torch.float32, "out")
+    assert_lse_matches(lse, r_lse, "lse")
