@@ -1,0 +1,146 @@
+"""dcp_attention: one DCP decode step over a torch.distributed group (DESIGN.md §1, §5).
+
+Steps: gather queries over heads (rank-major; skipped when q_replicated), partial attention over this rank's KV
+shard, then the exchange of `mode`: "a2a" (one all_to_all of packed output+LSE, fp32 merge), "ag_rs" (vLLM's:
+all-gather LSE, rescale own partial, reduce-scatter) or "ag" (all-gather outputs and LSE, merge locally). The same
+code runs over gloo (CPU) and NCCL (GPU); nothing in a step synchronises with the host.
+"""
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from . import ops
+
+Tensor = torch.Tensor
+MODES = ("a2a", "ag_rs", "ag")
+
+
+@dataclass
+class GQAShard:
+    """This rank's GQA KV shard: k_cache, v_cache [num_blocks, block_size, H_kv, D]; block_table [B, max_blocks]
+    int32 (the same on every rank); seq_lens [B] int32, this rank's local lengths; softmax scale."""
+    k_cache: Tensor
+    v_cache: Tensor
+    block_table: Tensor
+    seq_lens: Tensor
+    scale: float
+
+
+@dataclass
+class MLAShard:
+    """This rank's MLA latent-cache shard: kv_cache [num_blocks, block_size, D_latent + rope_dim] (latent first);
+    w_uk [H, D_nope, D_latent] and w_uv [H, D_latent, D_v] cover all H = N * H_loc heads when given."""
+    kv_cache: Tensor
+    block_table: Tensor
+    seq_lens: Tensor
+    scale: float
+    rope_dim: int = 64
+    w_uk: Optional[Tensor] = None
+    w_uv: Optional[Tensor] = None
+
+
+class Workspace:
+    """Reusable buffers for dcp_attention, so repeated steps allocate nothing (and a GPU step can be graph-captured).
+
+    Buffers are keyed by role and re-made only when a shape, dtype or device changes.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: Dict[str, Tensor] = {}
+
+    def get(self, name: str, shape, dtype: torch.dtype, device: torch.device) -> Tensor:
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype or buf.device != device:
+            buf = self._bufs[name] = torch.empty(tuple(shape), dtype=dtype, device=device)
+        return buf
+
+
+def _all_gather(out: Tensor, inp: Tensor, group) -> None:
+    """out [N, *inp.shape] <- every rank's inp, rank-major (c10d wants the gathered dim flattened)."""
+    dist.all_gather_single(out.view(-1, *inp.shape[1:]), inp.contiguous(), group=group)
+
+
+def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard]) -> Tuple[Tensor, Tensor]:
+    if isinstance(shard, GQAShard):
+        return ops.gqa_decode_partial(q_all, shard.k_cache, shard.v_cache, shard.block_table, shard.seq_lens,
+                                      shard.scale)
+    if isinstance(shard, MLAShard):
+        rope = shard.rope_dim
+        return ops.mla_decode_partial(q_all[..., :-rope], q_all[..., -rope:], shard.kv_cache, shard.block_table,
+                                      shard.seq_lens, shard.scale, shard.w_uk, shard.w_uv)
+    raise TypeError(f"dcp_attention: shard must be a GQAShard or MLAShard, got {type(shard).__name__}")
+
+
+def exchange_bytes(mode: str, T: int, H: int, d_out: int, world_size: int, dtype: torch.dtype,
+                   q_dim: Optional[int] = None, q_replicated: bool = False) -> int:
+    """Bytes one rank sends per layer (and step) in `mode`, Q gather included when q_dim is given.
+
+    T tokens, H heads in all, d_out the exchanged width (MLA: D_latent, or D_v with w_uv applied before the merge).
+    """
+    if mode not in MODES:
+        raise ValueError(f"exchange_bytes: mode must be one of {MODES}, got {mode!r}")
+    es = torch.empty((), dtype=dtype).element_size()
+    n, h_loc = world_size, H // world_size
+    q = 0 if q_dim is None or q_replicated else (n - 1) * T * h_loc * q_dim * es  # ring all-gather
+    if mode == "a2a":
+        return q + (n - 1) * T * h_loc * (d_out + ops.exchange_pad(dtype)) * es
+    if mode == "ag_rs":
+        return q + (n - 1) * T * H * 4 + (n - 1) * T * h_loc * d_out * es
+    return q + (n - 1) * T * H * (4 + d_out * es)
+
+
+def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[dist.ProcessGroup] = None, *,
+                  mode: str = "a2a", q_replicated: bool = False, return_lse: bool = False,
+                  workspace: Optional[Workspace] = None):
+    """One DCP decode attention step.
+
+    q: [T, H_loc, D] (GQA) or [T, H_loc, D_q + rope_dim] (MLA, rope last; D_q = D_nope with w_uk, else D_latent),
+    this rank's heads; with q_replicated=True, q already holds all N * H_loc heads. Returns out [T, H_loc, D_out]
+    (all heads [T, H, D_out] for mode="ag"), and lse [T, H_loc] (or [T, H]) fp32 natural log when return_lse.
+    """
+    if mode not in MODES:
+        raise ValueError(f"dcp_attention: mode must be one of {MODES}, got {mode!r}")
+    if q.dim() != 3:
+        raise ValueError(f"dcp_attention: q must be 3-D [T, H, D], got shape {tuple(q.shape)}")
+    n = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    ws = workspace if workspace is not None else Workspace()
+    T, Hq, Dq = q.shape
+    if q_replicated:
+        if Hq % n:
+            raise ValueError(f"dcp_attention: with q_replicated, q's heads ({Hq}) must divide into {n} ranks")
+        q_all, h_loc = q, Hq // n
+    else:
+        h_loc = Hq
+        gathered = ws.get("q_gather", (n, T, h_loc, Dq), q.dtype, q.device)
+        _all_gather(gathered, q, group)
+        q_all = ws.get("q_all", (T, n * h_loc, Dq), q.dtype, q.device)
+        q_all.view(T, n, h_loc, Dq).copy_(gathered.permute(1, 0, 2, 3))  # rank-major heads: g = r * H_loc + h
+    out, lse = _partial(q_all, shard)  # [T, H, D_out], [T, H]
+    H, D = out.shape[1], out.shape[2]
+
+    if mode == "a2a":
+        send = ops.pack_exchange(out, lse, n, send=ws.get("a2a_send", (n, T, h_loc, D + ops.exchange_pad(out.dtype)),
+                                                          out.dtype, out.device))
+        recv = ws.get("a2a_recv", send.shape, send.dtype, send.device)
+        dist.all_to_all_single(recv, send, group=group)
+        res, res_lse = ops.merge_exchange(recv, ws.get("out", (T, h_loc, D), out.dtype, out.device),
+                                          ws.get("lse", (T, h_loc), torch.float32, out.device))
+    elif mode == "ag_rs":
+        lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
+        _all_gather(lses, lse, group)
+        total = ops.correct_partial(out, lses, rank)
+        send = ws.get("rs_send", (n, T, h_loc, D), out.dtype, out.device)
+        send.copy_(out.view(T, n, h_loc, D).transpose(0, 1))
+        res = ws.get("out", (T, h_loc, D), out.dtype, out.device)
+        dist.reduce_scatter_single(res.view(-1, D), send.view(-1, D), group=group)
+        res_lse = total[:, rank * h_loc:(rank + 1) * h_loc]
+    else:
+        outs = ws.get("ag_outs", (n, T, H, D), out.dtype, out.device)
+        lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
+        _all_gather(outs, out, group)
+        _all_gather(lses, lse, group)
+        res, res_lse = ops.merge_partials(outs, lses)
+    return (res, res_lse) if return_lse else res
