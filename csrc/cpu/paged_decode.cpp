@@ -25,22 +25,22 @@ constexpr float kLn2 = 0.693147180559945309f;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Prefetches the cache rows of tokens [j, j + n) so the next tile's loads overlap this tile's arithmetic.
+// Prefetches (into L2) every KV head's rows of tokens [j, j + n), so the next tile's loads overlap this tile's math.
 template <typename scalar_t>
-void prefetch_tile(const PagedDecodeParams& p, int64_t t, int64_t kvh, int64_t j, int64_t n) {
-  const auto* k = static_cast<const char*>(p.k);
-  const auto* v = static_cast<const char*>(p.v);
+void prefetch_tile(const PagedDecodeParams& p, int64_t t, int64_t j, int64_t n) {
   const int32_t* row = p.block_table + t * p.bt_stride;
-  const int64_t es = sizeof(scalar_t);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t pos = j + i;
-    const int64_t block = row[pos / p.block_size], off = pos % p.block_size;
-    const char* kr = k + (block * p.k_sb + off * p.k_st + kvh * p.k_sh) * es;
-    for (int64_t b = 0; b < p.Dk * es; b += 64) __builtin_prefetch(kr + b);
-    if (p.v == p.k) continue;  // MLA: values are the key rows' prefix
-    const char* vr = v + (block * p.v_sb + off * p.v_st + kvh * p.v_sh) * es;
-    for (int64_t b = 0; b < p.Dv * es; b += 64) __builtin_prefetch(vr + b);
-  }
+  constexpr int64_t es = sizeof(scalar_t);
+  auto rows = [&](const void* base, int64_t sb, int64_t st, int64_t sh, int64_t D) {
+    const char* c = static_cast<const char*>(base);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = j + i;
+      const char* r = c + (row[pos / p.block_size] * sb + (pos % p.block_size) * st) * es;
+      for (int64_t h = 0; h < p.Hkv; ++h)
+        for (int64_t b = 0; b < D * es; b += 64) __builtin_prefetch(r + h * sh * es + b, 0, 2);
+    }
+  };
+  rows(p.k, p.k_sb, p.k_st, p.k_sh, p.Dk);
+  if (p.v != p.k) rows(p.v, p.v_sb, p.v_st, p.v_sh, p.Dv);  // MLA: values are the key rows' prefix
 }
 
 // Online softmax over one tile of transposed base-2 scores st[n x G]: st becomes probabilities, and the rows of o
@@ -76,83 +76,83 @@ void softmax_update(float* st, int64_t G, int64_t n, float* m, float* l, float* 
 template <typename scalar_t>
 void paged_decode_impl(const PagedDecodeParams& p) {
   const int64_t G = p.Hq / p.Hkv;
-  const int64_t pairs = p.T * p.Hkv;
   int64_t max_len = 0;
   for (int64_t t = 0; t < p.T; ++t) max_len = std::max<int64_t>(max_len, p.seq_lens[t]);
   const int64_t threads = at::get_num_threads();
   // Enough splits to give every thread work when the batch is small, never splits of less than a tile.
-  const int64_t nsplit = std::max<int64_t>(1, std::min(ceil_div(4 * threads, std::max<int64_t>(pairs, 1)),
+  const int64_t nsplit = std::max<int64_t>(1, std::min(ceil_div(4 * threads, std::max<int64_t>(p.T, 1)),
                                                        ceil_div(max_len, kTile)));
-  const int64_t items = pairs * nsplit;
-  std::vector<float> part_o(items * G * p.Dv), part_m(items * G), part_l(items * G);
-
+  const int64_t items = p.T * nsplit;  // one item = one token range of one sequence, all KV heads
+  std::vector<float> part_o(items * p.Hq * p.Dv), part_m(items * p.Hq), part_l(items * p.Hq);
   const auto* kc = static_cast<const scalar_t*>(p.k);
   const auto* vc = static_cast<const scalar_t*>(p.v);
+
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> st(kTile * G), qt(p.Dk * G), alpha(G);
+    std::vector<float> st(kTile * G), qt(p.Hkv * p.Dk * G), alpha(G);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t pair = item / nsplit, split = item % nsplit;
-      const int64_t t = pair / p.Hkv, kvh = pair % p.Hkv;
+      const int64_t t = item / nsplit, split = item % nsplit;
       const int64_t len = p.seq_lens[t];
       const int64_t chunk = ceil_div(ceil_div(len, nsplit), kTile) * kTile;
       const int64_t j0 = split * chunk, j1 = std::min(len, j0 + chunk);
-      float* o = part_o.data() + item * G * p.Dv;
-      float* m = part_m.data() + item * G;
-      float* l = part_l.data() + item * G;
-      std::fill(o, o + G * p.Dv, 0.f);
-      std::fill(m, m + G, kNegInf);
-      std::fill(l, l + G, 0.f);
+      float* o = part_o.data() + item * p.Hq * p.Dv;
+      float* m = part_m.data() + item * p.Hq;
+      float* l = part_l.data() + item * p.Hq;
+      std::fill(o, o + p.Hq * p.Dv, 0.f);
+      std::fill(m, m + p.Hq, kNegInf);
+      std::fill(l, l + p.Hq, 0.f);
       if (j0 >= j1) continue;
-      const float* qg = p.q + t * p.q_st + kvh * G * p.q_sh;
-      for (int64_t g = 0; g < G; ++g)  // Q^T [Dk x G]: scores come out as S^T = K Q^T, heads along the vector
-        for (int64_t d = 0; d < p.Dk; ++d) qt[d * G + g] = qg[g * p.q_sh + d];
+      for (int64_t h = 0; h < p.Hq; ++h)  // Q^T per KV head [Dk x G]: S^T = K Q^T puts the heads along the vector
+        for (int64_t d = 0; d < p.Dk; ++d) qt[((h / G) * p.Dk + d) * G + h % G] = p.q[t * p.q_st + h * p.q_sh + d];
       const int32_t* row = p.block_table + t * p.bt_stride;
-      // Tiles never cross a block, so a tile's rows sit at one stride in the cache and are read in place.
+      // Tiles never cross a block, so a tile's rows sit at one stride in the cache and are read in place; all KV
+      // heads of a tile are done together so every cache line fetched is used at once.
       for (int64_t j = j0; j < j1;) {
         const int64_t off = j % p.block_size;
         const int64_t n = std::min({kTile, j1 - j, p.block_size - off});
         const int64_t block = row[j / p.block_size];
-        const scalar_t* k = kc + block * p.k_sb + off * p.k_st + kvh * p.k_sh;
-        const scalar_t* v = vc + block * p.v_sb + off * p.v_st + kvh * p.v_sh;
-        if (j + n < j1) prefetch_tile<scalar_t>(p, t, kvh, j + n, std::min({kTile, j1 - j - n, p.block_size}));
-        std::fill(st.begin(), st.begin() + n * G, 0.f);
-        gemm_acc(n, G, p.Dk, k, p.k_st, 1, qt.data(), G, st.data(), G);
-        softmax_update(st.data(), G, n, m, l, o, p.Dv, alpha.data());
-        gemm_acc(G, p.Dv, n, st.data(), 1, G, v, p.v_st, o, p.Dv);  // P = st^T read in place
+        if (j + n < j1) prefetch_tile<scalar_t>(p, t, j + n, std::min({kTile, j1 - j - n, p.block_size}));
+        for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {
+          const scalar_t* k = kc + block * p.k_sb + off * p.k_st + kvh * p.k_sh;
+          const scalar_t* v = vc + block * p.v_sb + off * p.v_st + kvh * p.v_sh;
+          float* oh = o + kvh * G * p.Dv;
+          std::fill(st.begin(), st.begin() + n * G, 0.f);
+          gemm_acc(n, G, p.Dk, k, p.k_st, 1, qt.data() + kvh * p.Dk * G, G, st.data(), G);
+          softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
+          gemm_acc(G, p.Dv, n, st.data(), 1, G, v, p.v_st, oh, p.Dv);  // P = st^T read in place
+        }
         j += n;
       }
     }
   });
 
   // Combine the splits of each (token, head): exact online-softmax merge in base 2.
-  at::parallel_for(0, pairs * G, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, p.T * p.Hq, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> w(nsplit);
-    for (int64_t ph = begin; ph < end; ++ph) {
-      const int64_t pair = ph / G, g = ph % G;
-      const int64_t t = pair / p.Hkv, h = (pair % p.Hkv) * G + g;
+    for (int64_t th = begin; th < end; ++th) {
+      const int64_t t = th / p.Hq, h = th % p.Hq;
+      auto idx = [&](int64_t sp) { return (t * nsplit + sp) * p.Hq + h; };
       float mx = kNegInf;
-      for (int64_t sp = 0; sp < nsplit; ++sp) mx = std::max(mx, part_m[(pair * nsplit + sp) * G + g]);
-      float* dst = p.out + (t * p.Hq + h) * p.Dv;
+      for (int64_t sp = 0; sp < nsplit; ++sp) mx = std::max(mx, part_m[idx(sp)]);
+      float* dst = p.out + th * p.Dv;
       if (mx == kNegInf) {
         std::fill(dst, dst + p.Dv, 0.f);
-        p.lse[t * p.Hq + h] = kNegInf;
+        p.lse[th] = kNegInf;
         continue;
       }
       float total = 0.f;
       for (int64_t sp = 0; sp < nsplit; ++sp) {
-        const int64_t idx = (pair * nsplit + sp) * G + g;
-        w[sp] = part_m[idx] == kNegInf ? 0.f : std::exp2(part_m[idx] - mx);
-        total += w[sp] * part_l[idx];
+        w[sp] = part_m[idx(sp)] == kNegInf ? 0.f : std::exp2(part_m[idx(sp)] - mx);
+        total += w[sp] * part_l[idx(sp)];
       }
       const float inv = 1.f / total;
       std::fill(dst, dst + p.Dv, 0.f);
       for (int64_t sp = 0; sp < nsplit; ++sp) {
         if (w[sp] == 0.f) continue;
-        const float* src = part_o.data() + ((pair * nsplit + sp) * G + g) * p.Dv;
+        const float* src = part_o.data() + idx(sp) * p.Dv;
         const float ws = w[sp] * inv;
         for (int64_t d = 0; d < p.Dv; ++d) dst[d] += ws * src[d];
       }
-      p.lse[t * p.Hq + h] = (mx + std::log2(total)) * kLn2;
+      p.lse[th] = (mx + std::log2(total)) * kLn2;
     }
   });
 }

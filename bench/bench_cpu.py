@@ -1,0 +1,210 @@
+"""CPU benchmark of the partial-attention and merge ops against the machine's measured ceilings and plain torch.
+
+Measures, in the same run: large-buffer read and copy bandwidth, and the fp32 / bf16 torch.matmul rate. Then times
+each op on decode shapes and the best plain-torch way to compute the same thing from the same paged cache
+(gather the pages, then bmm + softmax, or scaled_dot_product_attention). The roofline time of a row is
+max(KV bytes / read bandwidth, FLOPs / best measured matmul rate); "roof" is roofline time / measured time.
+
+    python bench/bench_cpu.py [--quick] [--json PATH]
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import dcp_ops  # noqa: E402
+
+BASELINE_BUDGET_S = 20.0  # a baseline predicted slower than this (at the measured matmul rate) is not run
+
+
+def timeit(fn, min_reps=3, budget_s=1.0):
+    fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - start < budget_s and len(times) < 50):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def ceilings():
+    x = torch.randn(128 * 1024 * 1024 // 4 * 4)  # 512 MiB, far larger than any cache
+    y = torch.empty_like(x)
+    read = x.numel() * 4 / timeit(lambda: x.sum())
+    copy = 2 * x.numel() * 4 / timeit(lambda: y.copy_(x))
+    del x, y
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    f32 = 2 * 2048 ** 3 / timeit(lambda: a @ b)
+    a16, b16 = torch.randn(512, 512).bfloat16(), torch.randn(512, 512).bfloat16()
+    bf16 = 2 * 512 ** 3 / timeit(lambda: a16 @ b16, min_reps=1, budget_s=0.5)
+    return dict(read_GBps=read / 1e9, copy_GBps=copy / 1e9, fp32_GFLOPs=f32 / 1e9, bf16_GFLOPs=bf16 / 1e9)
+
+
+def paged(B, L, block_size, entry, dtype, gen):
+    nblk = -(-L // block_size)
+    cache = torch.randn(B * nblk, block_size, *entry, generator=gen).to(dtype)
+    table = torch.randperm(B * nblk, generator=gen).view(B, nblk).int()
+    return cache, table
+
+
+def gather(cache, table, L):
+    """What plain torch must do with a paged cache: gather the pages into [B, L, ...]."""
+    B = table.shape[0]
+    return cache[table.long()].reshape(B, -1, *cache.shape[2:])[:, :L]
+
+
+def gqa_case(B, L, dtype, gen, Hq=16, Hkv=2, D=128, bs=16):
+    k, table = paged(B, L, bs, (Hkv, D), dtype, gen)
+    v = torch.randn(k.shape, generator=gen).to(dtype)
+    q = torch.randn(B, Hq, D, generator=gen).to(dtype)
+    lens = torch.full((B,), L, dtype=torch.int32)
+    scale = D ** -0.5
+    G = Hq // Hkv
+
+    def ours():
+        return dcp_ops.gqa_decode_partial(q, k, v, table, lens, scale)
+
+    def bmm(dt):
+        def run():
+            K = gather(k, table, L).to(dt).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
+            V = gather(v, table, L).to(dt).transpose(1, 2)  # [B, Hkv, L, D]
+            s = torch.matmul(q.to(dt).view(B, Hkv, G, D), K) * scale
+            return torch.matmul(torch.softmax(s.float(), -1).to(dt), V)
+        return run
+
+    def sdpa():
+        K = gather(k, table, L).transpose(1, 2)
+        V = gather(v, table, L).transpose(1, 2)
+        return F.scaled_dot_product_attention(q.view(B, Hq, 1, D), K, V, scale=scale, enable_gqa=True)
+
+    flops = 4 * B * L * Hq * D
+    kv_bytes = 2 * B * L * Hkv * D * k.element_size()
+    return ours, dict(bmm=bmm(dtype), bmm_fp32=bmm(torch.float32), sdpa=sdpa), flops, kv_bytes
+
+
+def mla_case(B, L, dtype, gen, H, absorb, latent=512, rope=64, d_nope=128, bs=64):
+    kv, table = paged(B, L, bs, (latent + rope,), dtype, gen)
+    lens = torch.full((B,), L, dtype=torch.int32)
+    w_uk = (torch.randn(H, d_nope, latent, generator=gen) * d_nope ** -0.5).to(dtype) if absorb else None
+    q_nope = torch.randn(B, H, d_nope if absorb else latent, generator=gen).to(dtype)
+    q_pe = torch.randn(B, H, rope, generator=gen).to(dtype)
+    scale = (d_nope + rope) ** -0.5
+
+    def ours():
+        return dcp_ops.mla_decode_partial(q_nope, q_pe, kv, table, lens, scale, w_uk)
+
+    def absorbed(dt):
+        ql = q_nope.to(dt)
+        if absorb:
+            ql = torch.bmm(ql.transpose(0, 1), w_uk.to(dt)).transpose(0, 1)
+        return torch.cat([ql, q_pe.to(dt)], -1)  # [B, H, latent + rope]
+
+    def bmm(dt):
+        def run():
+            K = gather(kv, table, L).to(dt)  # [B, L, 576]
+            s = torch.bmm(absorbed(dt), K.transpose(1, 2)) * scale
+            return torch.bmm(torch.softmax(s.float(), -1).to(dt), K[..., :latent])
+        return run
+
+    def sdpa():
+        K = gather(kv, table, L)[:, None]  # one latent KV head; the H query heads act as H query rows
+        return F.scaled_dot_product_attention(absorbed(dtype)[:, None], K, K[..., :latent], scale=scale)
+
+    flops = 2 * B * L * H * (latent + rope + latent) + (2 * B * H * d_nope * latent if absorb else 0)
+    kv_bytes = B * L * (latent + rope) * kv.element_size()
+    return ours, dict(bmm=bmm(dtype), bmm_fp32=bmm(torch.float32), sdpa=sdpa), flops, kv_bytes
+
+
+def predicted_s(name, dtype, flops, ceil):
+    rate = ceil["bf16_GFLOPs"] if (dtype != torch.float32 and name != "bmm_fp32") else ceil["fp32_GFLOPs"]
+    return flops / (rate * 1e9)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="4K and 32K, batch 1 only")
+    p.add_argument("--json", help="write the rows as JSON here")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    ceil = ceilings()
+    peak = max(ceil["fp32_GFLOPs"], ceil["bf16_GFLOPs"]) * 1e9
+    print(f"machine: {torch.get_num_threads()} threads, read {ceil['read_GBps']:.1f} GB/s, copy "
+          f"{ceil['copy_GBps']:.1f} GB/s, matmul fp32 {ceil['fp32_GFLOPs']:.1f} GFLOP/s, bf16 "
+          f"{ceil['bf16_GFLOPs']:.2f} GFLOP/s (dcp_ops CPU ISA: {dcp_ops._C.cpu_isa})")
+    cases = []
+    batches = [1] if args.quick else [1, 16]
+    for dtype in (torch.float32, torch.bfloat16):
+        for L in (4096, 32768):
+            for B in batches:
+                cases.append((f"GQA 16q/2kv d128", dtype, L, B, lambda B=B, L=L, dt=dtype: gqa_case(B, L, dt, gen)))
+            for H in (16, 128):
+                for absorb in (False, True):
+                    for B in ([1] if args.quick else ([1, 16] if H == 16 else [1, 4])):
+                        name = f"MLA {H}h 512+64{' w_uk' if absorb else ''}"
+                        cases.append((name, dtype, L, B, lambda B=B, L=L, dt=dtype, H=H, a=absorb:
+                                      mla_case(B, L, dt, gen, H, a)))
+    rows = []
+    hdr = (f"{'op':<22} {'dtype':<5} {'ctx':>6} {'B':>3} {'ms':>9} {'GB/s':>6} {'GFLOP/s':>8} {'roof':>5} "
+           f"{'bmm':>9} {'bmm32':>9} {'sdpa':>9} {'vs best':>7}")
+    print(hdr)
+    print("-" * len(hdr))
+    for name, dtype, L, B, make in cases:
+        ours, baselines, flops, kv_bytes = make()
+        t = timeit(ours)
+        roof_t = max(kv_bytes / (ceil["read_GBps"] * 1e9), flops / peak)
+        base = {}
+        for bname, fn in baselines.items():
+            if bname == "bmm_fp32" and dtype == torch.float32:
+                continue
+            est = predicted_s(bname, dtype, flops, ceil)
+            base[bname] = timeit(fn, min_reps=1, budget_s=0.5) if est < BASELINE_BUDGET_S else None
+        best = min(v for v in base.values() if v is not None)
+        row = dict(op=name, dtype=str(dtype).replace("torch.", ""), context=L, batch=B, ms=t * 1e3,
+                   kv_GBps=kv_bytes / t / 1e9, GFLOPs=flops / t / 1e9, roofline_fraction=roof_t / t,
+                   baselines_ms={k: (v * 1e3 if v is not None else None) for k, v in base.items()},
+                   speedup_vs_best_torch=best / t)
+        rows.append(row)
+
+        def cell(k):
+            if k not in base:
+                return f"{'-':>9}"
+            return f"{base[k] * 1e3:>9.1f}" if base[k] is not None else f"{'(skip)':>9}"
+        print(f"{name:<22} {row['dtype'][:5]:<5} {L:>6} {B:>3} {t * 1e3:>9.2f} {row['kv_GBps']:>6.1f} "
+              f"{row['GFLOPs']:>8.1f} {row['roofline_fraction']:>5.2f} {cell('bmm')} {cell('bmm_fp32')} "
+              f"{cell('sdpa')} {row['speedup_vs_best_torch']:>6.1f}x", flush=True)
+    # merge: memory-bound, against copy bandwidth and the plain-torch merge
+    for dtype in (torch.float32, torch.bfloat16):
+        N, T, H, D = 4, 16, 128, 512
+        outs = torch.randn(N, T, H, D).to(dtype)
+        lses = torch.randn(N, T, H)
+        t = timeit(lambda: dcp_ops.merge_partials(outs, lses))
+
+        def torch_merge():
+            m = torch.logsumexp(lses, 0)
+            return (torch.exp(lses - m)[..., None] * outs.float()).sum(0).to(dtype), m
+        tb = timeit(torch_merge)
+        moved = outs.numel() * outs.element_size() * (1 + 1 / N) + lses.numel() * 4
+        row = dict(op="merge_partials N4 T16 H128 D512", dtype=str(dtype).replace("torch.", ""), ms=t * 1e3,
+                   GBps=moved / t / 1e9, copy_fraction=moved / t / 1e9 / ceil["copy_GBps"],
+                   baselines_ms=dict(torch=tb * 1e3), speedup_vs_best_torch=tb / t)
+        rows.append(row)
+        print(f"{row['op']:<34} {row['dtype']:<9} {t * 1e3:>7.2f} ms {row['GBps']:>6.1f} GB/s "
+              f"({row['copy_fraction']:.2f} of copy)  torch {tb * 1e3:.2f} ms  {tb / t:.1f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(ceilings=ceil, threads=torch.get_num_threads(), rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
