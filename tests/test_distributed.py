@@ -1,0 +1,91 @@
+"""dcp_attention across real gloo process groups: each rank's result equals unsharded float64 attention for its heads."""
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import dcp_ops
+from dcp_ops import reference as ref
+
+
+def _case(world, kind, absorb, interleave, gen):
+    lens = [27, 0, 31]
+    if kind == "gqa":
+        k = torch.randn(12, 8, 2, 32, generator=gen)
+        v = torch.randn(12, 8, 2, 32, generator=gen)
+        table = torch.randperm(12, generator=gen)[:12].view(3, 4).int()
+        q = torch.randn(3, 4 * world, 32, generator=gen)
+        return dict(kind=kind, caches=(k, v), table=table, lens=lens, q=q, scale=32 ** -0.5)
+    kv = torch.randn(12, 8, 48 + 16, generator=gen)
+    table = torch.randperm(12, generator=gen).view(3, 4).int()
+    H = 2 * world
+    w_uk = torch.randn(H, 24, 48, generator=gen) * 0.2 if absorb else None
+    w_uv = torch.randn(H, 48, 20, generator=gen) * 0.2 if absorb else None
+    q = torch.randn(3, H, (24 if absorb else 48) + 16, generator=gen)
+    return dict(kind=kind, caches=(kv,), table=table, lens=lens, q=q, scale=0.15, w_uk=w_uk, w_uv=w_uv)
+
+
+def _expected(c, heads):
+    seq_lens = torch.tensor(c["lens"], dtype=torch.int32)
+    if c["kind"] == "gqa":
+        return ref.gqa_decode_partial(c["q"], *c["caches"], c["table"], seq_lens, c["scale"])[0][:, heads]
+    q = c["q"]
+    return ref.mla_decode_partial(q[..., :-16], q[..., -16:], c["caches"][0], c["table"], seq_lens, c["scale"],
+                                  c["w_uk"], c["w_uv"])[0][:, heads]
+
+
+def _worker(rank, world, init_file, split):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        if split:  # two DCP groups of world/2 ranks inside the world (as TP 4 / DCP 2)
+            n = world // 2
+            groups = [dist.new_group(list(range(g * n, (g + 1) * n))) for g in range(2)]
+            group, grank, gsize = groups[rank // n], rank % n, n
+        else:
+            group, grank, gsize = None, rank, world
+        for kind, absorb in (("gqa", False), ("mla", False), ("mla", True)):
+            for interleave in (1, 4):
+                c = _case(gsize, kind, absorb, interleave, torch.Generator().manual_seed(7))
+                seq_lens = torch.tensor(c["lens"], dtype=torch.int32)
+                local = dcp_ops.local_seq_lens(seq_lens, gsize, grank, interleave)
+                shards = [dcp_ops.shard_kv(x, c["table"], seq_lens, gsize, interleave, fill=float("nan"))[grank]
+                          for x in c["caches"]]
+                shard = (dcp_ops.GQAShard(shards[0], shards[1], c["table"], local, c["scale"]) if kind == "gqa" else
+                         dcp_ops.MLAShard(shards[0], c["table"], local, c["scale"], 16, c["w_uk"], c["w_uv"]))
+                H = c["q"].shape[1]
+                h_loc = H // gsize
+                mine = slice(grank * h_loc, (grank + 1) * h_loc)
+                want = _expected(c, mine)
+                ws = dcp_ops.Workspace()
+                for mode in ("a2a", "ag_rs", "ag"):
+                    for replicated in (False, True):
+                        q = c["q"] if replicated else c["q"][:, mine].contiguous()
+                        out, lse = dcp_ops.dcp_attention(q, shard, group, mode=mode, q_replicated=replicated,
+                                                         return_lse=True, workspace=ws)
+                        got = out[:, mine] if mode == "ag" else out
+                        assert got.shape == want.shape, (kind, mode, got.shape, want.shape)
+                        err = (got.double() - want).abs().max().item()
+                        assert err < 2e-5, f"rank {rank} {kind} absorb={absorb} I={interleave} {mode}: err {err}"
+                        assert lse.dtype == torch.float32
+                        assert bool((lse[1] == float("-inf")).all())  # request 1 is empty on every rank
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world,split", [(2, False), (3, False), (4, True)])
+def test_dcp_attention_matches_unsharded(world, split):
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_worker, args=(world, os.path.join(d, "store"), split), nprocs=world)
+
+
+def test_exchange_bytes_shrinks_with_w_uv():
+    latent = dcp_ops.exchange_bytes("a2a", 8, 128, 512, 4, torch.bfloat16)
+    up = dcp_ops.exchange_bytes("a2a", 8, 128, 128, 4, torch.bfloat16)
+    assert up < latent / 3.5
+    with pytest.raises(ValueError, match="mode must be one of"):
+        dcp_ops.exchange_bytes("ring", 8, 128, 128, 4, torch.bfloat16)
