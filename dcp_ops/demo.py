@@ -64,14 +64,9 @@ def _layers(args, world, dtype):
 def _reference(layer, heads):
     """float64 unsharded attention for the given heads."""
     seq_lens = torch.tensor(layer["lens"], dtype=torch.int32)
+    if layer["kind"] == "gqa":  # all heads (the head -> KV head map needs them all), then this rank's slice
+        return ref.gqa_decode_partial(layer["q"], *layer["cache"], layer["table"], seq_lens, layer["scale"])[0][:, heads]
     q = layer["q"][:, heads]
-    if layer["kind"] == "gqa":
-        k, v = layer["cache"]
-        group = layer["q"].shape[1] // k.shape[2]
-        kv_heads = sorted({h // group for h in range(heads.start, heads.stop)})
-        assert len(kv_heads) == 1 or layer["q"].shape[1] == k.shape[2]
-        return ref.gqa_decode_partial(q, k[:, :, kv_heads[0]:kv_heads[-1] + 1], v[:, :, kv_heads[0]:kv_heads[-1] + 1],
-                                      layer["table"], seq_lens, layer["scale"])[0]
     rope = layer["rope"]
     w_uk = layer["w_uk"][heads] if layer["w_uk"] is not None else None
     w_uv = layer["w_uv"][heads] if layer["w_uv"] is not None else None

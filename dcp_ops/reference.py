@@ -136,9 +136,3 @@ def slot(block_table_row: List[int], p: int, block_size: int, world_size: int, r
     j = local_index(p, world_size, interleave)
     return block_table_row[p // (block_size * world_size)] * block_size + j % block_size
 
-
-def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, group: int = 1) -> Tuple[Tensor, Tensor]:
-    """Unsharded attention of one token: q [H, Dk], k [L, H_kv, Dk], v [L, H_kv, Dv] -> (out [H, Dv], lse [H])."""
-    return _attend(q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1), scale)
-
-

@@ -2,7 +2,6 @@ import math
 import os
 import sys
 
-import pytest
 import torch
 from hypothesis import settings
 
@@ -13,13 +12,6 @@ settings.register_profile("dev", max_examples=60, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
 def paged_cache(lens, block_size, entry, dtype, gen, extra_blocks=2):
