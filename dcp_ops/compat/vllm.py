@@ -1,0 +1,121 @@
+"""vLLM-compatible DCP helpers: vLLM's names, arguments, layouts and semantics, on dcp_ops kernels.
+
+A vLLM attention backend switches by changing imports, e.g. ``from dcp_ops.compat.vllm import cp_lse_ag_out_rs``.
+`cp_group` may be vLLM's GroupCoordinator (its `device_group` is used) or a torch.distributed ProcessGroup;
+`ctx` (vLLM's CPTritonContext) is accepted and ignored. LSE is in base e, or base 2 with is_lse_base_on_e=False,
+and returned in the same base. NaN and +inf LSE count as empty shards (-inf), as in vLLM's kernels.
+"""
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from .. import ops
+from ..layout import local_seq_lens
+
+Tensor = torch.Tensor
+LN2 = math.log(2.0)
+
+
+def _pg(cp_group):
+    return getattr(cp_group, "device_group", cp_group)
+
+
+def _base(is_lse_base_on_e: bool) -> float:
+    return math.e if is_lse_base_on_e else 2.0
+
+
+def _to_base(lse_natural: Tensor, is_lse_base_on_e: bool) -> Tensor:
+    return lse_natural if is_lse_base_on_e else lse_natural / LN2
+
+
+def _gather_lses(cp_attn_lse: Tensor, pg) -> Tensor:
+    n = dist.get_world_size(pg)
+    lses = torch.empty((n,) + tuple(cp_attn_lse.shape), dtype=torch.float32, device=cp_attn_lse.device)
+    dist.all_gather_single(lses.view(-1, *cp_attn_lse.shape[1:]), cp_attn_lse.float().contiguous(), group=pg)
+    return lses
+
+
+def correct_attn_out(out: Tensor, lses: Tensor, cp_rank: int, ctx=None,
+                     is_lse_base_on_e: bool = True) -> Tuple[Tensor, Tensor]:
+    """out [B, H, D] is rescaled in place by exp(lse_rank - L); lses [N, B, H]. Returns (out, L [B, H])."""
+    total = ops.correct_partial(out, lses.float(), cp_rank, _base(is_lse_base_on_e))
+    return out, _to_base(total, is_lse_base_on_e)
+
+
+def cp_lse_ag_out_rs(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=None, return_lse: bool = False,
+                     is_lse_base_on_e: bool = True) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """All-gather LSE, correct this rank's partial, reduce-scatter over heads.
+
+    cp_attn_out [B, H, D], cp_attn_lse [B, H] -> out [B, H/N, D] (and lse [B, H/N] when return_lse).
+    """
+    pg = _pg(cp_group)
+    n, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    if n == 1:
+        return (cp_attn_out, cp_attn_lse) if return_lse else cp_attn_out
+    lses = _gather_lses(cp_attn_lse, pg)
+    out, lse = correct_attn_out(cp_attn_out, lses, rank, ctx, is_lse_base_on_e)
+    B, H, D = out.shape
+    h_loc = H // n
+    send = out.view(B, n, h_loc, D).transpose(0, 1).contiguous()
+    res = out.new_empty((B, h_loc, D))
+    dist.reduce_scatter_single(res.view(-1, D), send.view(-1, D), group=pg)
+    if return_lse:
+        return res, lse[:, rank * h_loc:(rank + 1) * h_loc]
+    return res
+
+
+def cp_lse_ag_out_ar(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=None, return_lse: bool = False,
+                     is_lse_base_on_e: bool = True) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """All-gather LSE, correct, all-reduce: every rank gets all heads [B, H, D] (and lse [B, H])."""
+    pg = _pg(cp_group)
+    n, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    if n == 1:
+        return (cp_attn_out, cp_attn_lse) if return_lse else cp_attn_out
+    lses = _gather_lses(cp_attn_lse, pg)
+    out, lse = correct_attn_out(cp_attn_out, lses, rank, ctx, is_lse_base_on_e)
+    dist.all_reduce(out, group=pg)
+    return (out, lse) if return_lse else out
+
+
+def dcp_a2a_lse_reduce(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=None, return_lse: bool = False,
+                       is_lse_base_on_e: bool = True) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """One all-to-all of packed output + LSE, merged in fp32: [B, H, D], [B, H] -> [B, H/N, D] (and [B, H/N])."""
+    pg = _pg(cp_group)
+    n = dist.get_world_size(pg)
+    if n == 1:
+        return (cp_attn_out, cp_attn_lse) if return_lse else cp_attn_out
+    lse_nat = cp_attn_lse.float() * (1.0 if is_lse_base_on_e else LN2)
+    send = ops.pack_exchange(cp_attn_out, lse_nat, n)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=pg)
+    out, lse = ops.merge_exchange(recv)
+    return (out, _to_base(lse, is_lse_base_on_e)) if return_lse else out
+
+
+def get_dcp_local_seq_lens(seq_lens: Tensor, dcp_size: int = 1, dcp_rank: Optional[int] = None,
+                           cp_kv_cache_interleave_size: int = 1) -> Tensor:
+    """Local KV lengths, int32: [B] for dcp_rank, or [B, dcp_size] (every rank's) when dcp_rank is None; like vLLM,
+    a size-1 rank dim is squeezed."""
+    ranks = range(dcp_size) if dcp_rank is None else [dcp_rank]
+    cols = [local_seq_lens(seq_lens.to(torch.int32), dcp_size, r, cp_kv_cache_interleave_size) for r in ranks]
+    return torch.stack(cols, -1).squeeze(1)
+
+
+def mask_empty_lse(lse: Tensor, local_seq_lens: Tensor, query_start_loc: Optional[Tensor] = None) -> Tensor:
+    """lse [T, H] with -inf on rows this rank has no KV for (local length 0) and on padding rows past
+    query_start_loc[-1]. query_start_loc [B + 1] maps token rows to requests (decode: None, one row per request)."""
+    T = lse.shape[0]
+    if query_start_loc is None:
+        lens = local_seq_lens[:T]
+        empty = torch.zeros(T, dtype=torch.bool, device=lse.device)
+        empty[:lens.numel()] = lens == 0
+        empty[lens.numel():] = True
+    else:
+        rows = torch.arange(T, device=lse.device)
+        req = torch.searchsorted(query_start_loc.to(rows.dtype), rows, right=True) - 1
+        padding = rows >= query_start_loc[-1]
+        req = req.clamp(0, local_seq_lens.numel() - 1)
+        empty = padding | (local_seq_lens[req] == 0)
+    return torch.where(empty[:, None], torch.full_like(lse, -math.inf), lse)
