@@ -14,7 +14,7 @@ if _C.cpu_isa in _ISA_NEEDS and torch.backends.cpu.get_cpu_capability() not in _
         f"{torch.backends.cpu.get_cpu_capability()}; rebuild with DCP_OPS_CPU_ISA=default (or the CPU's ISA)")
 
 from . import reference  # noqa: E402,F401
-from .distributed import GQAShard, MLAShard, Workspace, dcp_attention, exchange_bytes  # noqa: E402
+from .distributed import GQAShard, MLAShard, Workspace, dcp_attention, exchange_bytes, gather_heads, merge_across  # noqa: E402
 from .layout import local_seq_lens, owner_rank, shard_kv, slot_mapping, unshard_kv  # noqa: E402
 from .ops import (  # noqa: E402
     correct_partial,
@@ -29,6 +29,6 @@ from .ops import (  # noqa: E402
 __all__ = [
     "gqa_decode_partial", "mla_decode_partial", "merge_partials", "correct_partial", "pack_exchange",
     "merge_exchange", "write_kv", "owner_rank", "local_seq_lens", "slot_mapping", "shard_kv", "unshard_kv",
-    "reference", "dcp_attention", "GQAShard", "MLAShard", "Workspace", "exchange_bytes",
+    "reference", "dcp_attention", "GQAShard", "MLAShard", "Workspace", "exchange_bytes", "gather_heads", "merge_across",
 ]
 __version__ = "0.1.0"

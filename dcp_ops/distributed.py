@@ -105,30 +105,53 @@ def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[d
     if q.dim() != 3:
         raise ValueError(f"dcp_attention: q must be 3-D [T, H, D], got shape {tuple(q.shape)}")
     n = dist.get_world_size(group)
-    rank = dist.get_rank(group)
     ws = workspace if workspace is not None else Workspace()
-    T, Hq, Dq = q.shape
     if q_replicated:
-        if Hq % n:
-            raise ValueError(f"dcp_attention: with q_replicated, q's heads ({Hq}) must divide into {n} ranks")
-        q_all, h_loc = q, Hq // n
+        if q.shape[1] % n:
+            raise ValueError(f"dcp_attention: with q_replicated, q's heads ({q.shape[1]}) must divide into {n} ranks")
+        q_all = q
     else:
-        h_loc = Hq
-        gathered = ws.get("q_gather", (n, T, h_loc, Dq), q.dtype, q.device)
-        _all_gather(gathered, q, group)
-        q_all = ws.get("q_all", (T, n * h_loc, Dq), q.dtype, q.device)
-        q_all.view(T, n, h_loc, Dq).copy_(gathered.permute(1, 0, 2, 3))  # rank-major heads: g = r * H_loc + h
+        q_all = gather_heads(q, group, ws)
     out, lse = _partial(q_all, shard)  # [T, H, D_out], [T, H]
-    H, D = out.shape[1], out.shape[2]
+    res, res_lse = merge_across(out, lse, group, mode=mode, workspace=ws)
+    return (res, res_lse) if return_lse else res
 
+
+def gather_heads(q: Tensor, group: Optional[dist.ProcessGroup] = None,
+                 workspace: Optional[Workspace] = None) -> Tensor:
+    """All-gather queries over heads: q [T, H_loc, D] on each rank -> [T, N * H_loc, D], head g = r * H_loc + h."""
+    n = dist.get_world_size(group)
+    ws = workspace if workspace is not None else Workspace()
+    T, h_loc, Dq = q.shape
+    gathered = ws.get("q_gather", (n, T, h_loc, Dq), q.dtype, q.device)
+    _all_gather(gathered, q, group)
+    q_all = ws.get("q_all", (T, n * h_loc, Dq), q.dtype, q.device)
+    q_all.view(T, n, h_loc, Dq).copy_(gathered.permute(1, 0, 2, 3))
+    return q_all
+
+
+def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = None, *, mode: str = "a2a",
+                 workspace: Optional[Workspace] = None) -> Tuple[Tensor, Tensor]:
+    """Exact merge of every rank's partial (out [T, H, D], lse [T, H] natural) by `mode`.
+
+    Returns this rank's heads (out [T, H/N, D], lse [T, H/N]), or all heads for mode="ag".
+    """
+    if mode not in MODES:
+        raise ValueError(f"merge_across: mode must be one of {MODES}, got {mode!r}")
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    ws = workspace if workspace is not None else Workspace()
+    T, H, D = out.shape
+    if H % n:
+        raise ValueError(f"merge_across: heads ({H}) must divide into {n} ranks")
+    h_loc = H // n
     if mode == "a2a":
         send = ops.pack_exchange(out, lse, n, send=ws.get("a2a_send", (n, T, h_loc, D + ops.exchange_pad(out.dtype)),
                                                           out.dtype, out.device))
         recv = ws.get("a2a_recv", send.shape, send.dtype, send.device)
         dist.all_to_all_single(recv, send, group=group)
-        res, res_lse = ops.merge_exchange(recv, ws.get("out", (T, h_loc, D), out.dtype, out.device),
-                                          ws.get("lse", (T, h_loc), torch.float32, out.device))
-    elif mode == "ag_rs":
+        return ops.merge_exchange(recv, ws.get("out", (T, h_loc, D), out.dtype, out.device),
+                                  ws.get("lse", (T, h_loc), torch.float32, out.device))
+    if mode == "ag_rs":
         lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
         _all_gather(lses, lse, group)
         total = ops.correct_partial(out, lses, rank)
@@ -136,11 +159,9 @@ def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[d
         send.copy_(out.view(T, n, h_loc, D).transpose(0, 1))
         res = ws.get("out", (T, h_loc, D), out.dtype, out.device)
         dist.reduce_scatter_single(res.view(-1, D), send.view(-1, D), group=group)
-        res_lse = total[:, rank * h_loc:(rank + 1) * h_loc]
-    else:
-        outs = ws.get("ag_outs", (n, T, H, D), out.dtype, out.device)
-        lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
-        _all_gather(outs, out, group)
-        _all_gather(lses, lse, group)
-        res, res_lse = ops.merge_partials(outs, lses)
-    return (res, res_lse) if return_lse else res
+        return res, total[:, rank * h_loc:(rank + 1) * h_loc]
+    outs = ws.get("ag_outs", (n, T, H, D), out.dtype, out.device)
+    lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
+    _all_gather(outs, out, group)
+    _all_gather(lses, lse, group)
+    return ops.merge_partials(outs, lses)

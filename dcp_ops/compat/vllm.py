@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
+from ..distributed import _all_gather, merge_across
 from ..layout import local_seq_lens
 
 Tensor = torch.Tensor
@@ -33,7 +34,7 @@ def _to_base(lse_natural: Tensor, is_lse_base_on_e: bool) -> Tensor:
 def _gather_lses(cp_attn_lse: Tensor, pg) -> Tensor:
     n = dist.get_world_size(pg)
     lses = torch.empty((n,) + tuple(cp_attn_lse.shape), dtype=torch.float32, device=cp_attn_lse.device)
-    dist.all_gather_single(lses.view(-1, *cp_attn_lse.shape[1:]), cp_attn_lse.float().contiguous(), group=pg)
+    _all_gather(lses, cp_attn_lse.float(), pg)
     return lses
 
 
@@ -46,24 +47,11 @@ def correct_attn_out(out: Tensor, lses: Tensor, cp_rank: int, ctx=None,
 
 def cp_lse_ag_out_rs(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=None, return_lse: bool = False,
                      is_lse_base_on_e: bool = True) -> Union[Tensor, Tuple[Tensor, Tensor]]:
-    """All-gather LSE, correct this rank's partial, reduce-scatter over heads.
+    """All-gather LSE, correct this rank's partial (in place), reduce-scatter over heads.
 
     cp_attn_out [B, H, D], cp_attn_lse [B, H] -> out [B, H/N, D] (and lse [B, H/N] when return_lse).
     """
-    pg = _pg(cp_group)
-    n, rank = dist.get_world_size(pg), dist.get_rank(pg)
-    if n == 1:
-        return (cp_attn_out, cp_attn_lse) if return_lse else cp_attn_out
-    lses = _gather_lses(cp_attn_lse, pg)
-    out, lse = correct_attn_out(cp_attn_out, lses, rank, ctx, is_lse_base_on_e)
-    B, H, D = out.shape
-    h_loc = H // n
-    send = out.view(B, n, h_loc, D).transpose(0, 1).contiguous()
-    res = out.new_empty((B, h_loc, D))
-    dist.reduce_scatter_single(res.view(-1, D), send.view(-1, D), group=pg)
-    if return_lse:
-        return res, lse[:, rank * h_loc:(rank + 1) * h_loc]
-    return res
+    return _merge(cp_attn_out, cp_attn_lse, cp_group, "ag_rs", return_lse, is_lse_base_on_e)
 
 
 def cp_lse_ag_out_ar(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=None, return_lse: bool = False,
@@ -82,16 +70,16 @@ def cp_lse_ag_out_ar(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=Non
 def dcp_a2a_lse_reduce(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=None, return_lse: bool = False,
                        is_lse_base_on_e: bool = True) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """One all-to-all of packed output + LSE, merged in fp32: [B, H, D], [B, H] -> [B, H/N, D] (and [B, H/N])."""
+    return _merge(cp_attn_out, cp_attn_lse, cp_group, "a2a", return_lse, is_lse_base_on_e)
+
+
+def _merge(out: Tensor, lse: Tensor, cp_group, mode: str, return_lse: bool, is_lse_base_on_e: bool):
     pg = _pg(cp_group)
-    n = dist.get_world_size(pg)
-    if n == 1:
-        return (cp_attn_out, cp_attn_lse) if return_lse else cp_attn_out
-    lse_nat = cp_attn_lse.float() * (1.0 if is_lse_base_on_e else LN2)
-    send = ops.pack_exchange(cp_attn_out, lse_nat, n)
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=pg)
-    out, lse = ops.merge_exchange(recv)
-    return (out, _to_base(lse, is_lse_base_on_e)) if return_lse else out
+    if dist.get_world_size(pg) == 1:
+        return (out, lse) if return_lse else out
+    lse_nat = lse.float() * (1.0 if is_lse_base_on_e else LN2)
+    res, res_lse = merge_across(out, lse_nat, pg, mode=mode)
+    return (res, _to_base(res_lse, is_lse_base_on_e)) if return_lse else res
 
 
 def get_dcp_local_seq_lens(seq_lens: Tensor, dcp_size: int = 1, dcp_rank: Optional[int] = None,
