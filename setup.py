@@ -59,16 +59,20 @@ ISA_FLAGS = {
 with_cuda = want_cuda()
 isa = cpu_isa()
 sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
-cxx_flags = ["-O3", f'-DDCP_OPS_CPU_ISA="{isa}"'] + ISA_FLAGS[isa]
+# -fopenmp: at::parallel_for is an inline OpenMP region; compiled without it, every CPU kernel runs on one thread.
+cxx_flags = ["-O3", "-fopenmp", f'-DDCP_OPS_CPU_ISA="{isa}"'] + ISA_FLAGS[isa]
+link_flags = ["-fopenmp"]
 include_dirs = [os.path.join(ROOT, "csrc")]
 if with_cuda:
     sources += sorted(glob.glob("csrc/cuda/*.cu"))
     ext = CUDAExtension(
         "dcp_ops._C", sources, include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags + ["-DDCP_OPS_WITH_CUDA"],
-                            "nvcc": ["-O3", "-DDCP_OPS_WITH_CUDA", "--expt-relaxed-constexpr", "-lineinfo"]})
+                            "nvcc": ["-O3", "-DDCP_OPS_WITH_CUDA", "--expt-relaxed-constexpr", "-lineinfo"]},
+        extra_link_args=link_flags)
 else:
-    ext = CppExtension("dcp_ops._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx_flags})
+    ext = CppExtension("dcp_ops._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx_flags},
+                       extra_link_args=link_flags)
 
 setup(
     name="dcp_ops",

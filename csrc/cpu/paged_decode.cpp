@@ -88,19 +88,20 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   const auto* vc = static_cast<const scalar_t*>(p.v);
 
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> st(kTile * G), qt(p.Hkv * p.Dk * G), alpha(G);
+    // Running state lives in this thread's buffers (items of other threads share cache lines in part_*).
+    std::vector<float> st(kTile * G), qt(p.Hkv * p.Dk * G), alpha(G), acc_o(p.Hq * p.Dv), acc_m(p.Hq), acc_l(p.Hq);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / nsplit, split = item % nsplit;
       const int64_t len = p.seq_lens[t];
       const int64_t chunk = ceil_div(ceil_div(len, nsplit), kTile) * kTile;
       const int64_t j0 = split * chunk, j1 = std::min(len, j0 + chunk);
-      float* o = part_o.data() + item * p.Hq * p.Dv;
-      float* m = part_m.data() + item * p.Hq;
-      float* l = part_l.data() + item * p.Hq;
+      float* o = acc_o.data();
+      float* m = acc_m.data();
+      float* l = acc_l.data();
       std::fill(o, o + p.Hq * p.Dv, 0.f);
       std::fill(m, m + p.Hq, kNegInf);
       std::fill(l, l + p.Hq, 0.f);
-      if (j0 >= j1) continue;
+      if (j0 < j1) {
       for (int64_t h = 0; h < p.Hq; ++h)  // Q^T per KV head [Dk x G]: S^T = K Q^T puts the heads along the vector
         for (int64_t d = 0; d < p.Dk; ++d) qt[((h / G) * p.Dk + d) * G + h % G] = p.q[t * p.q_st + h * p.q_sh + d];
       const int32_t* row = p.block_table + t * p.bt_stride;
@@ -122,6 +123,10 @@ void paged_decode_impl(const PagedDecodeParams& p) {
         }
         j += n;
       }
+      }
+      std::copy(o, o + p.Hq * p.Dv, part_o.begin() + item * p.Hq * p.Dv);
+      std::copy(m, m + p.Hq, part_m.begin() + item * p.Hq);
+      std::copy(l, l + p.Hq, part_l.begin() + item * p.Hq);
     }
   });
 
