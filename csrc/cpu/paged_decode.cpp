@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -84,12 +85,17 @@ void paged_decode_impl(const PagedDecodeParams& p) {
                                                        ceil_div(max_len, kTile)));
   const int64_t items = p.T * nsplit;  // one item = one token range of one sequence, all KV heads
   std::vector<float> part_o(items * p.Hq * p.Dv), part_m(items * p.Hq), part_l(items * p.Hq);
+  // Token entries dense over heads (K and V alike, separate tensors): a tile is one contiguous run per cache.
+  const int64_t entry = p.Hkv * p.Dk;
+  const bool stage = p.v != p.k && p.Dk == p.Dv && p.k_sh == p.Dk && p.v_sh == p.Dv && p.k_st == entry &&
+                     p.v_st == entry;
   const auto* kc = static_cast<const scalar_t*>(p.k);
   const auto* vc = static_cast<const scalar_t*>(p.v);
 
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     // Running state lives in this thread's buffers (items of other threads share cache lines in part_*).
     std::vector<float> st(kTile * G), qt(p.Hkv * p.Dk * G), alpha(G), acc_o(p.Hq * p.Dv), acc_m(p.Hq), acc_l(p.Hq);
+    std::vector<scalar_t> kbuf(stage ? kTile * entry : 0), vbuf(stage ? kTile * entry : 0);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / nsplit, split = item % nsplit;
       const int64_t len = p.seq_lens[t];
@@ -108,18 +114,38 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       // Tiles never cross a block, so a tile's rows sit at one stride in the cache and are read in place; all KV
       // heads of a tile are done together so every cache line fetched is used at once.
       for (int64_t j = j0; j < j1;) {
+        // In place, a tile never crosses a block (its rows then sit at one stride in the cache). GQA stages instead:
+        // each block's run of token entries (all heads) is copied with one sequential memcpy per cache, which
+        // streams at the memory's rate where the GEMMs' row-strided reads of the cache do not, and the tile may
+        // then span blocks.
         const int64_t off = j % p.block_size;
-        const int64_t n = std::min({kTile, j1 - j, p.block_size - off});
+        const int64_t n = stage ? std::min(kTile, j1 - j) : std::min({kTile, j1 - j, p.block_size - off});
         const int64_t block = row[j / p.block_size];
-        if (j + n < j1) prefetch_tile<scalar_t>(p, t, j + n, std::min({kTile, j1 - j - n, p.block_size}));
+        const scalar_t* kbase = kc + block * p.k_sb + off * p.k_st;
+        const scalar_t* vbase = vc + block * p.v_sb + off * p.v_st;
+        int64_t kst = p.k_st, vst = p.v_st;
+        if (stage) {
+          for (int64_t i = 0; i < n;) {
+            const int64_t pos = j + i, o2 = pos % p.block_size, run = std::min(n - i, p.block_size - o2);
+            const int64_t b2 = row[pos / p.block_size];
+            std::memcpy(kbuf.data() + i * entry, kc + b2 * p.k_sb + o2 * p.k_st, run * entry * sizeof(scalar_t));
+            std::memcpy(vbuf.data() + i * entry, vc + b2 * p.v_sb + o2 * p.v_st, run * entry * sizeof(scalar_t));
+            i += run;
+          }
+          kbase = kbuf.data();
+          vbase = vbuf.data();
+          kst = vst = entry;
+        } else if (j + n < j1) {
+          prefetch_tile<scalar_t>(p, t, j + n, std::min({kTile, j1 - j - n, p.block_size}));
+        }
         for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {
-          const scalar_t* k = kc + block * p.k_sb + off * p.k_st + kvh * p.k_sh;
-          const scalar_t* v = vc + block * p.v_sb + off * p.v_st + kvh * p.v_sh;
+          const scalar_t* k = kbase + kvh * p.k_sh;
+          const scalar_t* v = vbase + kvh * p.v_sh;
           float* oh = o + kvh * G * p.Dv;
           std::fill(st.begin(), st.begin() + n * G, 0.f);
-          gemm_acc(n, G, p.Dk, k, p.k_st, 1, qt.data() + kvh * p.Dk * G, G, st.data(), G);
+          gemm_acc(n, G, p.Dk, k, kst, 1, qt.data() + kvh * p.Dk * G, G, st.data(), G);
           softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
-          gemm_acc(G, p.Dv, n, st.data(), 1, G, v, p.v_st, oh, p.Dv);  // P = st^T read in place
+          gemm_acc(G, p.Dv, n, st.data(), 1, G, v, vst, oh, p.Dv);  // P = st^T read in place
         }
         j += n;
       }
