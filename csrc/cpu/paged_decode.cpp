@@ -135,6 +135,19 @@ void paged_decode_impl(const PagedDecodeParams& p) {
           kbase = kbuf.data();
           vbase = vbuf.data();
           kst = vst = entry;
+          // Touch the head of each of the next tile's runs so the hardware streamer is already running on them.
+          const int64_t jn = j + n, nn = std::min(kTile, j1 - jn);
+          for (int64_t i = 0; i < nn;) {
+            const int64_t pos = jn + i, o2 = pos % p.block_size, run = std::min(nn - i, p.block_size - o2);
+            const int64_t b2 = row[pos / p.block_size];
+            const char* kr = reinterpret_cast<const char*>(kc + b2 * p.k_sb + o2 * p.k_st);
+            const char* vr = reinterpret_cast<const char*>(vc + b2 * p.v_sb + o2 * p.v_st);
+            for (int64_t b = 0; b < std::min<int64_t>(run * entry * sizeof(scalar_t), 1024); b += 64) {
+              __builtin_prefetch(kr + b, 0, 3);
+              __builtin_prefetch(vr + b, 0, 3);
+            }
+            i += run;
+          }
         } else if (j + n < j1) {
           prefetch_tile<scalar_t>(p, t, j + n, std::min({kTile, j1 - j - n, p.block_size}));
         }
