@@ -2,6 +2,7 @@ import math
 import os
 import sys
 
+import pytest
 import torch
 from hypothesis import settings
 
@@ -38,3 +39,18 @@ def paged_cache(lens, block_size, entry, dtype, gen, extra_blocks=2):
 
 def randn(*shape, dtype=torch.float32, gen=None, scale=1.0):
     return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+@pytest.fixture(scope="session")
+def simt_ops():
+    """torch.ops.dcp_ops_simt: the CUDA kernel sources built with the host compiler against csrc/simt/simt.h."""
+    from torch.utils.cpp_extension import load
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    build = os.path.join(root, "build", "simt")
+    os.makedirs(build, exist_ok=True)
+    load(name="dcp_ops_simt", sources=[os.path.join(root, "tests", "simt", "simt_ops.cpp"),
+                                       os.path.join(root, "csrc", "validate.cpp")],
+         extra_include_paths=[os.path.join(root, "csrc"), os.path.join(root, "tests", "simt")],
+         extra_cflags=["-O1", "-DDCP_SIMT", "-mf16c"], build_directory=build, is_python_module=False, verbose=False)
+    return torch.ops.dcp_ops_simt

@@ -2,28 +2,9 @@
 // out[t,h,:] = sum_r exp(lse_r - L) * outs[r,t,h,:],  L = logsumexp_r lse_r; NaN/+inf LSE count as -inf.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <cstdint>
+#include "kernels/common.cuh"
 
 namespace dcp_ops::kernels {
-
-template <typename T> __device__ __forceinline__ float to_f32(T x);
-template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half(x); }
-
-// VEC elements of T moved as one load/store (16 bytes when VEC * sizeof(T) == 16).
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
-};
 
 __device__ __forceinline__ float sanitize_lse(float x, float ln_base) {
   const float v = x * ln_base;
@@ -88,10 +69,8 @@ cudaError_t merge_partials(const MergeParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.T) * p.H;
   if (rows == 0) return cudaSuccess;
   const dim3 block(tx, ty), grid(static_cast<unsigned>((rows + ty - 1) / ty));
-  if (aligned)
-    merge_partials_kernel<T, kVec><<<grid, block, 0, stream>>>(p);
-  else
-    merge_partials_kernel<T, 1><<<grid, block, 0, stream>>>(p);
+  auto kernel = aligned ? merge_partials_kernel<T, kVec> : merge_partials_kernel<T, 1>;
+  DCP_LAUNCH(kernel, grid, block, 0, stream, p);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,266 @@
+// SIMT executor: compiles CUDA kernel sources with the host compiler and runs them on the CPU (tests only).
+//
+// Blocks run one after another; the threads of a block are fibers (ucontext) that run until they meet a barrier:
+// __syncthreads() releases when every live thread of the block waits there, warp operations (__shfl*_sync, votes,
+// __syncwarp) when every live lane of the warp does. A thread that exits while others wait at __syncthreads, or a
+// state where nothing can run, is reported as an error. A kernel that reads shared memory another thread writes
+// without a barrier sees the fiber order (thread 0 runs first), so a missing barrier gives a wrong answer.
+// Dynamic shared memory is filled with 0xff bytes at every block start; static __shared__ arrays are one instance
+// for the kernel, so a read before any write sees the previous block's (or launch's) values, never zeros.
+#pragma once
+
+#include <immintrin.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+// ---- CUDA language surface ------------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static  // one instance per kernel: blocks run one after another
+#define __restrict__
+#define __launch_bounds__(...)
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+using cudaError_t = int;
+using cudaStream_t = void*;
+constexpr cudaError_t cudaSuccess = 0;
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t) { return "simt"; }
+
+namespace dcp_ops::simt {
+
+struct Builtins {
+  dim3 threadIdx, blockIdx, blockDim, gridDim;
+};
+inline thread_local Builtins g;  // the running fiber's built-ins
+inline thread_local std::vector<unsigned char> g_dynamic_smem;
+
+constexpr int kWarp = 32;
+
+enum class State { Runnable, WaitBlock, WaitWarp, Done };
+
+struct Fiber {
+  ucontext_t ctx;
+  std::unique_ptr<char[]> stack;
+  dim3 tid;
+  int linear = 0;
+  State state = State::Runnable;
+};
+
+struct Block {
+  ucontext_t sched;
+  std::vector<Fiber> fibers;
+  int current = -1;
+  std::exception_ptr error;
+  std::vector<uint64_t> warp_slots;  // one 64-bit slot per thread for shuffles and votes
+  const std::function<void()>* body = nullptr;
+};
+inline thread_local Block* g_block = nullptr;
+
+inline void yield_as(State s) {
+  Block& b = *g_block;
+  Fiber& f = b.fibers[b.current];
+  f.state = s;
+  swapcontext(&f.ctx, &b.sched);
+}
+
+inline void fiber_entry() {
+  Block& b = *g_block;
+  try {
+    (*b.body)();
+  } catch (...) {
+    if (!b.error) b.error = std::current_exception();
+  }
+  b.fibers[b.current].state = State::Done;
+  swapcontext(&b.fibers[b.current].ctx, &b.sched);
+}
+
+// Runs one block of `block` threads to completion.
+inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block, const std::function<void()>& body) {
+  constexpr size_t kStack = 256 * 1024;
+  const int n = static_cast<int>(block.x * block.y * block.z);
+  std::fill(g_dynamic_smem.begin(), g_dynamic_smem.end(), 0xff);  // poisoned: a read before a write shows
+  Block b;
+  b.body = &body;
+  b.fibers.resize(n);
+  b.warp_slots.assign(n, 0);
+  g_block = &b;
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = b.fibers[i];
+    f.linear = i;
+    f.tid = dim3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
+    f.stack.reset(new char[kStack]);
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  auto live = [&](int i) { return b.fibers[i].state != State::Done; };
+  for (;;) {
+    bool ran = false;
+    for (int i = 0; i < n; ++i) {
+      if (b.fibers[i].state != State::Runnable) continue;
+      b.current = i;
+      g.threadIdx = b.fibers[i].tid;
+      g.blockIdx = block_idx;
+      g.blockDim = block;
+      g.gridDim = grid;
+      swapcontext(&b.sched, &b.fibers[i].ctx);
+      ran = true;
+    }
+    if (b.error) break;
+    int done = 0, at_block = 0;
+    for (int i = 0; i < n; ++i) {
+      done += b.fibers[i].state == State::Done;
+      at_block += b.fibers[i].state == State::WaitBlock;
+    }
+    if (done == n) break;
+    if (at_block > 0 && at_block + done == n) {
+      if (done > 0) {
+        b.error = std::make_exception_ptr(std::runtime_error(
+            "simt: __syncthreads() divergence: " + std::to_string(done) + " thread(s) of the block exited while " +
+            std::to_string(at_block) + " wait at the barrier"));
+        break;
+      }
+      for (auto& f : b.fibers) f.state = State::Runnable;
+      continue;
+    }
+    bool released = false;
+    for (int w = 0; w * kWarp < n; ++w) {
+      bool all = true, any = false;
+      for (int i = w * kWarp; i < std::min(n, (w + 1) * kWarp); ++i) {
+        if (!live(i)) continue;
+        any = true;
+        all &= b.fibers[i].state == State::WaitWarp;
+      }
+      if (any && all) {
+        for (int i = w * kWarp; i < std::min(n, (w + 1) * kWarp); ++i)
+          if (live(i)) b.fibers[i].state = State::Runnable;
+        released = true;
+      }
+    }
+    if (!released && !ran) {
+      b.error = std::make_exception_ptr(std::runtime_error("simt: deadlock: no thread can run (threads wait at "
+                                                           "barriers that can never release)"));
+      break;
+    }
+  }
+  g_block = nullptr;
+  if (b.error) std::rethrow_exception(b.error);
+}
+
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes, Args&&... args) {
+  g_dynamic_smem.assign(smem_bytes, 0xff);
+  const std::function<void()> body = [&]() { kernel(args...); };
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) run_block(dim3(x, y, z), grid, block, body);
+}
+
+inline int lane() { return g_block->current % kWarp; }
+
+template <typename T>
+T exchange(T v, int src_lane) {  // every live lane publishes v, then reads src_lane's
+  static_assert(sizeof(T) <= 8, "simt shuffles move at most 64 bits");
+  Block& b = *g_block;
+  const int me = b.current, base = me - me % kWarp;
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  b.warp_slots[me] = bits;
+  yield_as(State::WaitWarp);
+  const int src = base + src_lane;
+  T out = v;
+  if (src >= 0 && src < static_cast<int>(b.fibers.size())) std::memcpy(&out, &b.warp_slots[src], sizeof(T));
+  yield_as(State::WaitWarp);  // nobody overwrites a slot before every lane has read
+  return out;
+}
+
+inline unsigned ballot(bool p) {
+  Block& b = *g_block;
+  const int me = b.current, base = me - me % kWarp;
+  b.warp_slots[me] = p;
+  yield_as(State::WaitWarp);
+  unsigned bits = 0;
+  for (int i = 0; i < kWarp && base + i < static_cast<int>(b.fibers.size()); ++i)
+    if (b.fibers[base + i].state != State::Done && b.warp_slots[base + i]) bits |= 1u << i;
+  yield_as(State::WaitWarp);
+  return bits;
+}
+
+}  // namespace dcp_ops::simt
+
+#define threadIdx (::dcp_ops::simt::g.threadIdx)
+#define blockIdx (::dcp_ops::simt::g.blockIdx)
+#define blockDim (::dcp_ops::simt::g.blockDim)
+#define gridDim (::dcp_ops::simt::g.gridDim)
+#define warpSize 32
+#define DCP_DYNAMIC_SMEM(type, name) type* name = reinterpret_cast<type*>(::dcp_ops::simt::g_dynamic_smem.data())
+
+inline void __syncthreads() { ::dcp_ops::simt::yield_as(::dcp_ops::simt::State::WaitBlock); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ::dcp_ops::simt::yield_as(::dcp_ops::simt::State::WaitWarp); }
+template <typename T> T __shfl_sync(unsigned, T v, int src) { return ::dcp_ops::simt::exchange(v, src % 32); }
+template <typename T> T __shfl_xor_sync(unsigned, T v, int m) {
+  return ::dcp_ops::simt::exchange(v, ::dcp_ops::simt::lane() ^ m);
+}
+template <typename T> T __shfl_down_sync(unsigned, T v, unsigned d) {
+  const int src = ::dcp_ops::simt::lane() + static_cast<int>(d);
+  const T got = ::dcp_ops::simt::exchange(v, src < 32 ? src : ::dcp_ops::simt::lane());
+  return got;
+}
+template <typename T> T __shfl_up_sync(unsigned, T v, unsigned d) {
+  const int src = ::dcp_ops::simt::lane() - static_cast<int>(d);
+  return ::dcp_ops::simt::exchange(v, src >= 0 ? src : ::dcp_ops::simt::lane());
+}
+inline unsigned __ballot_sync(unsigned, int p) { return ::dcp_ops::simt::ballot(p != 0); }
+inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0; }
+inline int __all_sync(unsigned, int p) {
+  const unsigned live_mask = ::dcp_ops::simt::ballot(true);
+  return ::dcp_ops::simt::ballot(p != 0) == live_mask;
+}
+// One OS thread runs every fiber and a fiber only yields at barriers: read-modify-write is atomic.
+template <typename T> T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
+template <typename T> T atomicMax(T* p, T v) { T old = *p; *p = old > v ? old : v; return old; }
+template <typename T> T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float exp2f(float x) { return std::exp2(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+using std::fmaxf;
+using std::isnan;
+
+// 16-bit float types with the cuda_bf16.h / cuda_fp16.h conversions the kernels use (round to nearest even).
+struct __nv_bfloat16 { uint16_t bits; };
+struct __half { uint16_t bits; };
+inline float __bfloat162float(__nv_bfloat16 x) {
+  uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline __nv_bfloat16 __float2bfloat16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40)};  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {static_cast<uint16_t>(u >> 16)};
+}
+inline float __half2float(__half x) { return _cvtsh_ss(x.bits); }
+inline __half __float2half(float f) { return {static_cast<uint16_t>(_cvtss_sh(f, 0))}; }  // 0: nearest even
