@@ -41,9 +41,13 @@ void pack_exchange_cpu(const Tensor& out, const Tensor& lse, Tensor& send);
 void merge_exchange_cpu(const Tensor& recv, Tensor& out, Tensor& lse);
 void write_kv_cpu(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping);
 
-#ifdef DCP_OPS_WITH_CUDA
-// CUDA kernels (csrc/cuda/*.cu).
+// CUDA launchers (csrc/cuda/*.cu; also built for the SIMT executor in tests/simt).
+std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                                   const Tensor& block_table, const Tensor& seq_lens, double scale);
 std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor& lses, double lse_base);
-#endif
+Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
+void pack_exchange_cuda(const Tensor& out, const Tensor& lse, Tensor& send);
+void merge_exchange_cuda(const Tensor& recv, Tensor& out, Tensor& lse);
+void write_kv_cuda(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping);
 
 }  // namespace dcp_ops

@@ -62,3 +62,86 @@ def test_merge_partials_cuda_source(simt_ops, dtype, N, T, H, D, base, strided, 
     r_out, r_lse = ref.merge_partials(outs, lses, base)
     assert_matches(out, r_out, dtype, "out (CUDA source on the SIMT executor)")
     assert_lse_matches(lse, r_lse, "lse (CUDA source on the SIMT executor)")
+
+
+@settings(max_examples=8, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), N=st.integers(1, 4), T=st.integers(1, 3), H=st.integers(1, 3),
+       D=st.sampled_from([7, 16, 64]), base=st.sampled_from([math.e, 2.0]), data=st.data(),
+       seed=st.integers(0, 2**31 - 1))
+def test_correct_partial_cuda_source(simt_ops, dtype, N, T, H, D, base, data, seed):
+    g = torch.Generator().manual_seed(seed)
+    outs = torch.randn(N, T, H, D, generator=g).to(dtype)
+    lses = torch.randn(N, T, H, generator=g) * 3
+    lses[:, 0, 0] = float("-inf")
+    rank = data.draw(st.integers(0, N - 1))
+    out = outs[rank].clone()
+    r_out, r_lse = ref.correct_partial(out, lses, rank, base)
+    lse = simt_ops.correct_partial(out, lses, rank, base)
+    assert_matches(out, r_out, dtype, "corrected out")
+    assert_lse_matches(lse, r_lse, "lse")
+
+
+@settings(max_examples=8, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), N=st.sampled_from([1, 2, 3]), T=st.integers(1, 3), hl=st.integers(1, 2),
+       D=st.sampled_from([5, 8, 64]), seed=st.integers(0, 2**31 - 1))
+def test_pack_and_merge_exchange_cuda_source(simt_ops, dtype, N, T, hl, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    pad = 16 // torch.empty((), dtype=dtype).element_size()
+    parts = [(torch.randn(T, N * hl, D, generator=g).to(dtype), torch.randn(T, N * hl, generator=g)) for _ in range(N)]
+    parts[0][1][0, 0] = float("nan")
+    sends = []
+    for out, lse in parts:
+        send = torch.full((N, T, hl, D + pad), float("nan"), dtype=dtype)
+        simt_ops.pack_exchange(out, lse, send)
+        payload, lse_slices = ref.pack_exchange(out, lse, N)
+        assert torch.equal(send[..., :D].double(), payload)
+        got_lse = send[..., D:].contiguous().view(torch.float32)[..., 0].double()
+        assert torch.equal(got_lse.nan_to_num(-1.0), lse_slices.nan_to_num(-1.0))
+        assert not send[..., D:].contiguous().view(torch.uint8)[..., 4:].any()
+        sends.append(send)
+    for me in range(N):
+        recv = torch.stack([s[me] for s in sends])
+        out = torch.full((T, hl, D), float("nan"), dtype=dtype)
+        lse = torch.full((T, hl), float("nan"))
+        simt_ops.merge_exchange(recv, out, lse)
+        r_out, r_lse = ref.merge_partials(torch.stack([p[0][:, me * hl:(me + 1) * hl] for p in parts]),
+                                          torch.stack([p[1][:, me * hl:(me + 1) * hl] for p in parts]))
+        assert_matches(out, r_out, dtype, f"merged out, rank {me}")
+        assert_lse_matches(lse, r_lse, f"merged lse, rank {me}")
+
+
+@settings(max_examples=8, deadline=None)
+@given(entry=st.sampled_from([(2, 16), (40,), (3,)]), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       T=st.integers(0, 12), seed=st.integers(0, 2**31 - 1))
+def test_write_kv_cuda_source(simt_ops, entry, dtype, T, seed):
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.randn(4, 4, *entry, generator=g).to(dtype)
+    new = torch.randn(T, *entry, generator=g).to(dtype)
+    slots = torch.randperm(16, generator=g)[:T]
+    slots = torch.cat([slots, torch.full((max(0, T - 16),), -1)]).int()
+    if T:
+        slots[0] = -1
+    expected = ref.write_kv(cache, new, slots)
+    simt_ops.write_kv(cache, new, slots)
+    assert torch.equal(cache, expected)
+    bad = torch.full((T,), 999, dtype=torch.int32)  # out of range: skipped on the GPU, never written
+    before = cache.clone()
+    simt_ops.write_kv(cache, new, bad)
+    assert torch.equal(cache, before)
+
+
+@settings(max_examples=10, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), head_dim=st.sampled_from([64, 128, 256]), group=st.sampled_from([1, 3, 8, 16]),
+       hkv=st.sampled_from([1, 2]), block_size=st.sampled_from([1, 16]),
+       lens=st.lists(st.integers(0, 40), min_size=1, max_size=2), seed=st.integers(0, 2**31 - 1))
+def test_gqa_decode_cuda_source(simt_ops, dtype, head_dim, group, hkv, block_size, lens, seed):
+    from conftest import paged_cache, randn
+    gen = torch.Generator().manual_seed(seed)
+    k, table = paged_cache(lens, block_size, (hkv, head_dim), dtype, gen)
+    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
+    q = randn(len(lens), hkv * group, head_dim, dtype=dtype, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out, lse = simt_ops.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
+    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
+    assert_matches(out, r_out, dtype, "out (GQA CUDA source)")
+    assert_lse_matches(lse, r_lse, "lse (GQA CUDA source)")

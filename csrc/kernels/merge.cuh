@@ -1,5 +1,6 @@
-// Merge of N normalised partial attention outputs by their LSE (torch-free; raw pointers and element strides).
-// out[t,h,:] = sum_r exp(lse_r - L) * outs[r,t,h,:],  L = logsumexp_r lse_r; NaN/+inf LSE count as -inf.
+// Merge family (torch-free; raw pointers and element strides): merge of N normalised partials by their LSE,
+// vLLM's in-place correction, and the a2a exchange's pack. NaN / +inf LSE count as -inf (an empty shard).
+//   out[t,h,:] = sum_r exp(lse_r - L) * outs[r,t,h,:],  L = logsumexp_r lse_r
 #pragma once
 
 #include "kernels/common.cuh"
@@ -11,65 +12,190 @@ __device__ __forceinline__ float sanitize_lse(float x, float ln_base) {
   return (isnan(v) || v == INFINITY) ? -INFINITY : v;
 }
 
-struct MergeParams {
+// LSE of rank r for row (t, h): fp32 at a strided address, or bit-stored in an a2a row's pad (any alignment).
+struct StridedLse {
+  const float* p;
+  int64_t sn, st, sh;
+  __device__ float operator()(int r, int64_t t, int64_t h) const { return p[r * sn + t * st + h * sh]; }
+};
+struct PackedLse {
+  const unsigned char* p;  // first pad byte of rank 0, row (0, 0)
+  int64_t sn, st, sh;      // byte strides
+  __device__ float operator()(int r, int64_t t, int64_t h) const {
+    const unsigned char* b = p + r * sn + t * st + h * sh;
+    const uint32_t u = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
+// Max and 1 / sum of exp over the N sanitised LSEs of a row; max = -inf when every partial is empty.
+template <typename Lse>
+__device__ __forceinline__ void lse_stats(const Lse& lse, int N, int64_t t, int64_t h, float ln_base, float& mx,
+                                          float& sum) {
+  mx = -INFINITY;
+  for (int r = 0; r < N; ++r) mx = fmaxf(mx, sanitize_lse(lse(r, t, h), ln_base));
+  sum = 0.f;
+  if (mx != -INFINITY)
+    for (int r = 0; r < N; ++r) sum += __expf(sanitize_lse(lse(r, t, h), ln_base) - mx);
+}
+
+template <typename Lse>
+struct MergeArgs {
   const void* outs;
   int64_t so_n, so_t, so_h;  // element strides of outs [N, T, H, D]; last dim contiguous
-  const float* lses;
-  int64_t sl_n, sl_t, sl_h;
-  void* out;        // [T, H, D] contiguous
-  float* lse;       // [T, H]
+  Lse lses;
+  void* out;                 // [T, H, D], element strides below; last dim contiguous
+  int64_t out_st, out_sh;
+  float* lse;                // [T, H] natural log
+  int64_t lse_st, lse_sh;
   int N, T, H, D;
   float ln_base;
 };
+using MergeParams = MergeArgs<StridedLse>;
 
 // blockDim.x threads cover one row's D / VEC packs; blockDim.y rows per block.
-template <typename T, int VEC>
-__global__ void merge_partials_kernel(MergeParams p) {
+template <typename TIn, typename TOut, int VEC, typename Lse>
+__global__ void merge_kernel(MergeArgs<Lse> p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= static_cast<int64_t>(p.T) * p.H) return;
   const int64_t t = row / p.H, h = row % p.H;
-  const float* l = p.lses + t * p.sl_t + h * p.sl_h;
-  float mx = -INFINITY;
-  for (int r = 0; r < p.N; ++r) mx = fmaxf(mx, sanitize_lse(l[r * p.sl_n], p.ln_base));
-  float sum = 0.f;
-  if (mx != -INFINITY)
-    for (int r = 0; r < p.N; ++r) sum += __expf(sanitize_lse(l[r * p.sl_n], p.ln_base) - mx);
+  float mx, sum;
+  lse_stats(p.lses, p.N, t, h, p.ln_base, mx, sum);
+  if (threadIdx.x == 0) p.lse[t * p.lse_st + h * p.lse_sh] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
   const float inv = mx == -INFINITY ? 0.f : 1.f / sum;
-  if (threadIdx.x == 0) p.lse[row] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
-  const T* src = static_cast<const T*>(p.outs) + t * p.so_t + h * p.so_h;
-  T* dst = static_cast<T*>(p.out) + row * p.D;
+  const TIn* src = static_cast<const TIn*>(p.outs) + t * p.so_t + h * p.so_h;
+  TOut* dst = static_cast<TOut*>(p.out) + t * p.out_st + h * p.out_sh;
   for (int d = threadIdx.x * VEC; d < p.D; d += blockDim.x * VEC) {
     float acc[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
     for (int r = 0; r < p.N; ++r) {
-      const float w = mx == -INFINITY ? 0.f : __expf(sanitize_lse(l[r * p.sl_n], p.ln_base) - mx) * inv;
+      const float w = mx == -INFINITY ? 0.f : __expf(sanitize_lse(p.lses(r, t, h), p.ln_base) - mx) * inv;
       if (w == 0.f) continue;  // an empty partial may hold NaN; it must not leak
-      const Pack<T, VEC> x = *reinterpret_cast<const Pack<T, VEC>*>(src + r * p.so_n + d);
+      const Pack<TIn, VEC> x = *reinterpret_cast<const Pack<TIn, VEC>*>(src + r * p.so_n + d);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) acc[i] += w * to_f32(x.v[i]);
     }
-    Pack<T, VEC> y;
+    Pack<TOut, VEC> y;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) y.v[i] = from_f32<T>(acc[i]);
-    *reinterpret_cast<Pack<T, VEC>*>(dst + d) = y;
+    for (int i = 0; i < VEC; ++i) y.v[i] = from_f32<TOut>(acc[i]);
+    *reinterpret_cast<Pack<TOut, VEC>*>(dst + d) = y;
   }
 }
 
-// Launches with 16-byte packs when every row start is 16-byte aligned, else one element per thread.
-template <typename T>
-cudaError_t merge_partials(const MergeParams& p, cudaStream_t stream) {
-  constexpr int kVec = 16 / sizeof(T);
-  const bool aligned = p.D % kVec == 0 && p.so_n % kVec == 0 && p.so_t % kVec == 0 && p.so_h % kVec == 0 &&
-                       reinterpret_cast<uintptr_t>(p.outs) % 16 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
-  const int vec = aligned ? kVec : 1;
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// Row layout for one row per (blockDim.y) and D / VEC threads per row (blockDim.x, at most 32).
+inline void row_grid(int64_t rows, int D, int vec, dim3& grid, dim3& block) {
   int tx = 1;
-  while (tx < 32 && tx * vec < p.D) tx *= 2;
+  while (tx < 32 && tx * vec < D) tx *= 2;
   const int ty = 128 / tx;
+  block = dim3(tx, ty);
+  grid = dim3(static_cast<unsigned>((rows + ty - 1) / ty));
+}
+
+// Launches with 16-byte packs when every row start is 16-byte aligned, else one element per thread.
+template <typename TIn, typename TOut, typename Lse>
+cudaError_t merge(const MergeArgs<Lse>& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / (sizeof(TIn) > sizeof(TOut) ? sizeof(TIn) : sizeof(TOut));
+  const bool aligned = p.D % kVec == 0 && p.so_n % kVec == 0 && p.so_t % kVec == 0 && p.so_h % kVec == 0 &&
+                       p.out_st % kVec == 0 && p.out_sh % kVec == 0 && aligned16(p.outs) && aligned16(p.out);
   const int64_t rows = static_cast<int64_t>(p.T) * p.H;
   if (rows == 0) return cudaSuccess;
-  const dim3 block(tx, ty), grid(static_cast<unsigned>((rows + ty - 1) / ty));
-  auto kernel = aligned ? merge_partials_kernel<T, kVec> : merge_partials_kernel<T, 1>;
+  dim3 grid, block;
+  row_grid(rows, p.D, aligned ? kVec : 1, grid, block);
+  auto kernel = aligned ? merge_kernel<TIn, TOut, kVec, Lse> : merge_kernel<TIn, TOut, 1, Lse>;
+  DCP_LAUNCH(kernel, grid, block, 0, stream, p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t merge_partials(const MergeParams& p, cudaStream_t stream) {
+  return merge<T, T>(p, stream);
+}
+
+// correct_partial: out[t,h,:] *= exp(lse_rank - L) in place, L written to total; empty rows become 0.
+struct CorrectParams {
+  void* out;
+  int64_t st, sh;
+  StridedLse lses;
+  float* total;  // [T, H] contiguous
+  int rank, N, T, H, D;
+  float ln_base;
+};
+
+template <typename T, int VEC>
+__global__ void correct_kernel(CorrectParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (row >= static_cast<int64_t>(p.T) * p.H) return;
+  const int64_t t = row / p.H, h = row % p.H;
+  float mx, sum;
+  lse_stats(p.lses, p.N, t, h, p.ln_base, mx, sum);
+  if (threadIdx.x == 0) p.total[row] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
+  const float w = mx == -INFINITY ? 0.f : __expf(sanitize_lse(p.lses(p.rank, t, h), p.ln_base) - mx) / sum;
+  T* dst = static_cast<T*>(p.out) + t * p.st + h * p.sh;
+  for (int d = threadIdx.x * VEC; d < p.D; d += blockDim.x * VEC) {
+    Pack<T, VEC> x = *reinterpret_cast<Pack<T, VEC>*>(dst + d);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) x.v[i] = from_f32<T>(w == 0.f ? 0.f : w * to_f32(x.v[i]));
+    *reinterpret_cast<Pack<T, VEC>*>(dst + d) = x;
+  }
+}
+
+template <typename T>
+cudaError_t correct_partial(const CorrectParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool aligned = p.D % kVec == 0 && p.st % kVec == 0 && p.sh % kVec == 0 && aligned16(p.out);
+  const int64_t rows = static_cast<int64_t>(p.T) * p.H;
+  if (rows == 0) return cudaSuccess;
+  dim3 grid, block;
+  row_grid(rows, p.D, aligned ? kVec : 1, grid, block);
+  auto kernel = aligned ? correct_kernel<T, kVec> : correct_kernel<T, 1>;
+  DCP_LAUNCH(kernel, grid, block, 0, stream, p);
+  return cudaGetLastError();
+}
+
+// pack_exchange: send[r, t, i, :D] = out[t, r*Hl + i, :], then 16 pad bytes: the fp32 LSE, then zeros.
+struct PackParams {
+  const void* out;
+  int64_t st, sh;
+  const float* lse;
+  int64_t lse_st, lse_sh;
+  void* send;  // [N, T, Hl, D + pad] contiguous
+  int N, T, Hl, D, pad;
+};
+
+template <typename T, int VEC>
+__global__ void pack_kernel(PackParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;  // (r, t, i)
+  if (row >= static_cast<int64_t>(p.N) * p.T * p.Hl) return;
+  const int64_t i = row % p.Hl, t = (row / p.Hl) % p.T, r = row / (static_cast<int64_t>(p.Hl) * p.T);
+  const int64_t h = r * p.Hl + i;
+  const T* src = static_cast<const T*>(p.out) + t * p.st + h * p.sh;
+  T* dst = static_cast<T*>(p.send) + row * (p.D + p.pad);
+  for (int d = threadIdx.x * VEC; d < p.D; d += blockDim.x * VEC)
+    *reinterpret_cast<Pack<T, VEC>*>(dst + d) = *reinterpret_cast<const Pack<T, VEC>*>(src + d);
+  if (threadIdx.x == 0) {
+    const float v = p.lse[t * p.lse_st + h * p.lse_sh];
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    unsigned char* b = reinterpret_cast<unsigned char*>(dst + p.D);
+    for (int k = 0; k < 16; ++k) b[k] = k < 4 ? static_cast<unsigned char>(u >> (8 * k)) : 0;
+  }
+}
+
+template <typename T>
+cudaError_t pack_exchange(const PackParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool aligned = p.D % kVec == 0 && p.st % kVec == 0 && p.sh % kVec == 0 && aligned16(p.out) &&
+                       aligned16(p.send);  // rows of D + 16 bytes stay 16-byte aligned when D is a pack multiple
+  const int64_t rows = static_cast<int64_t>(p.N) * p.T * p.Hl;
+  if (rows == 0) return cudaSuccess;
+  dim3 grid, block;
+  row_grid(rows, p.D, aligned ? kVec : 1, grid, block);
+  auto kernel = aligned ? pack_kernel<T, kVec> : pack_kernel<T, 1>;
   DCP_LAUNCH(kernel, grid, block, 0, stream, p);
   return cudaGetLastError();
 }

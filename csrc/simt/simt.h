@@ -241,8 +241,10 @@ template <typename T> T atomicMax(T* p, T v) { T old = *p; *p = old > v ? old : 
 template <typename T> T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
-inline float exp2f(float x) { return std::exp2(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// exp2f, log2f, fmaxf come from <cmath>.
+inline int min(int a, int b) { return a < b ? a : b; }  // CUDA's integer min/max
+inline int max(int a, int b) { return a > b ? a : b; }
 using std::fmaxf;
 using std::isnan;
 

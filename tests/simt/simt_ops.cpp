@@ -1,34 +1,15 @@
-// Test-only extension: the CUDA kernel sources compiled by the host compiler (DCP_SIMT) and run by the SIMT
-// executor on CPU tensors, exposed as torch.ops.dcp_ops_simt.*.
+// Test-only extension: the CUDA launchers and kernels (csrc/cuda/*.cu) compiled by the host compiler with
+// DCP_SIMT and run by the SIMT executor on CPU tensors, as torch.ops.dcp_ops_simt.*, plus the executor's own
+// self-test kernels.
 #include <torch/library.h>
-#include <ATen/ATen.h>
 
-#include <cmath>
-
-#include "kernels/merge.cuh"
-#include "ops.h"
+#include "cuda/launch.h"
+#include "cuda/gqa_decode.cu"
+#include "cuda/merge.cu"
+#include "cuda/write_kv.cu"
 #include "selftest_kernels.cuh"
 
 using at::Tensor;
-namespace k = dcp_ops::kernels;
-
-static std::tuple<Tensor, Tensor> merge_partials(const Tensor& outs, const Tensor& lses, double lse_base) {
-  dcp_ops::validate_merge(outs, lses, lse_base, "merge_partials");
-  const int64_t N = outs.size(0), T = outs.size(1), H = outs.size(2), D = outs.size(3);
-  Tensor out = at::full({T, H, D}, NAN, outs.options());  // poisoned: unwritten elements fail the test
-  Tensor lse = at::full({T, H}, NAN, lses.options());
-  k::MergeParams p{outs.data_ptr(), outs.stride(0), outs.stride(1), outs.stride(2),
-                   lses.data_ptr<float>(), lses.stride(0), lses.stride(1), lses.stride(2),
-                   out.data_ptr(), lse.data_ptr<float>(),
-                   static_cast<int>(N), static_cast<int>(T), static_cast<int>(H), static_cast<int>(D),
-                   static_cast<float>(std::log(lse_base))};
-  switch (outs.scalar_type()) {
-    case at::kFloat: k::merge_partials<float>(p, nullptr); break;
-    case at::kBFloat16: k::merge_partials<__nv_bfloat16>(p, nullptr); break;
-    default: k::merge_partials<__half>(p, nullptr); break;
-  }
-  return {out, lse};
-}
 
 static std::tuple<Tensor, Tensor> warp_reduce(const Tensor& x) {
   const int n = x.numel(), warps = (n + 31) / 32;
@@ -67,7 +48,14 @@ static Tensor divergent_barrier() {
 }
 
 TORCH_LIBRARY(dcp_ops_simt, m) {
-  m.def("merge_partials(Tensor outs, Tensor lses, float lse_base) -> (Tensor, Tensor)", &merge_partials);
+  m.def("gqa_decode_partial(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
+        "float scale) -> (Tensor, Tensor)", &dcp_ops::gqa_decode_partial_cuda);
+  m.def("merge_partials(Tensor outs, Tensor lses, float lse_base) -> (Tensor, Tensor)", &dcp_ops::merge_partials_cuda);
+  m.def("correct_partial(Tensor(a!) out, Tensor lses, int rank, float lse_base) -> Tensor",
+        &dcp_ops::correct_partial_cuda);
+  m.def("pack_exchange(Tensor out, Tensor lse, Tensor(a!) send) -> ()", &dcp_ops::pack_exchange_cuda);
+  m.def("merge_exchange(Tensor recv, Tensor(a!) out, Tensor(b!) lse) -> ()", &dcp_ops::merge_exchange_cuda);
+  m.def("write_kv(Tensor(a!) cache, Tensor new, Tensor slot_mapping) -> ()", &dcp_ops::write_kv_cuda);
   m.def("warp_reduce(Tensor x) -> (Tensor, Tensor)", &warp_reduce);
   m.def("transpose32(Tensor x) -> Tensor", &transpose32);
   m.def("histogram(Tensor x, int bins) -> Tensor", &histogram);

@@ -1,0 +1,50 @@
+// CUDA launcher of gqa_decode_partial: split-KV pass, then the merge of the splits. No host synchronisation: the
+// split count comes from the block table's capacity, never from seq_lens' values.
+#include "cuda/launch.h"
+#include "kernels/gqa_decode.cuh"
+#include "ops.h"
+
+namespace dcp_ops {
+
+std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                                   const Tensor& block_table, const Tensor& seq_lens, double scale) {
+  const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table, seq_lens, scale);
+  DCP_CUDA_GUARD(q);
+  TORCH_CHECK(kernels::gqa_supported_head_dim(static_cast<int>(d.Dk), static_cast<int>(q.element_size())),
+              "gqa_decode_partial: the CUDA kernel takes head dims 64, 128 and 256, got ", d.Dk);
+  TORCH_CHECK(k_cache.stride(1) % (16 / q.element_size()) == 0 && k_cache.stride(2) % (16 / q.element_size()) == 0 &&
+                  v_cache.stride(1) % (16 / q.element_size()) == 0 && v_cache.stride(2) % (16 / q.element_size()) == 0 &&
+                  reinterpret_cast<uintptr_t>(k_cache.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(v_cache.data_ptr()) % 16 == 0,
+              "gqa_decode_partial: on CUDA the cache rows must be 16-byte aligned, got strides ", k_cache.strides());
+  const int64_t capacity = d.max_blocks * d.block_size;
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + 511) / 512));
+  const int64_t per_split = std::max<int64_t>(1, (capacity + splits - 1) / splits);
+  auto f32 = q.options().dtype(at::kFloat);
+  Tensor part_o = new_output({splits, d.T, d.Hq, d.Dv}, f32);
+  Tensor part_lse = new_output({splits, d.T, d.Hq}, f32);
+  kernels::GqaParams p{q.data_ptr(), q.stride(0), q.stride(1),
+                       k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                       v_cache.data_ptr(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                       block_table.data_ptr<int32_t>(), block_table.stride(0), seq_lens.data_ptr<int32_t>(),
+                       static_cast<int>(d.T), static_cast<int>(d.Hq), static_cast<int>(d.Hkv), static_cast<int>(d.Dk),
+                       static_cast<int>(d.block_size), static_cast<int>(d.num_blocks), static_cast<int>(d.max_blocks),
+                       static_cast<int>(splits), static_cast<int>(per_split),
+                       static_cast<float>(scale * 1.4426950408889634), part_o.data_ptr<float>(),
+                       part_lse.data_ptr<float>()};
+  Tensor out = new_output({d.T, d.Hq, d.Dv}, q.options());
+  Tensor lse = new_output({d.T, d.Hq}, f32);
+  const kernels::MergeParams m{part_o.data_ptr(), d.T * d.Hq * d.Dv, d.Hq * d.Dv, d.Dv,
+                               {part_lse.data_ptr<float>(), d.T * d.Hq, d.Hq, 1},
+                               out.data_ptr(), d.Hq * d.Dv, d.Dv, lse.data_ptr<float>(), d.Hq, 1,
+                               static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
+                               static_cast<int>(d.Dv), 1.f};
+  const cudaError_t err = DCP_DISPATCH_FLOAT(q.scalar_type(), "gqa_decode_partial", [&] {
+    cudaError_t e = kernels::gqa_split<scalar_t>(p, current_stream());
+    return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
+  });
+  DCP_CHECK_LAUNCH(err, "gqa_decode_partial");
+  return {out, lse};
+}
+
+}  // namespace dcp_ops

@@ -1,0 +1,40 @@
+// Launcher helpers shared by csrc/cuda/*.cu. The launchers compile under nvcc for the GPU, and under the host
+// compiler with DCP_SIMT for the SIMT executor (tests/simt), so the tests run this exact code.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#ifdef DCP_SIMT
+#include "simt/simt.h"
+#define DCP_CUDA_GUARD(t)
+namespace dcp_ops {
+inline cudaStream_t current_stream() { return nullptr; }
+// Under the executor outputs start as NaN, so an element a kernel never writes fails its test.
+inline at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& o) { return at::full(shape, NAN, o); }
+}  // namespace dcp_ops
+#else
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#define DCP_CUDA_GUARD(t) const c10::cuda::CUDAGuard dcp_cuda_guard_((t).device())
+namespace dcp_ops {
+inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(); }
+inline at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& o) { return at::empty(shape, o); }
+}  // namespace dcp_ops
+#endif
+
+#define DCP_CHECK_LAUNCH(err, op) TORCH_CHECK((err) == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err))
+
+// Runs __VA_ARGS__ with scalar_t the CUDA type of a float dtype.
+#define DCP_DISPATCH_FLOAT(dtype, op, ...)                                            \
+  [&] {                                                                              \
+    switch (dtype) {                                                                 \
+      case at::kFloat: { using scalar_t = float; return __VA_ARGS__(); }             \
+      case at::kBFloat16: { using scalar_t = __nv_bfloat16; return __VA_ARGS__(); }  \
+      case at::kHalf: { using scalar_t = __half; return __VA_ARGS__(); }             \
+      default: TORCH_CHECK(false, op, ": unsupported dtype ", dtype);                \
+    }                                                                                \
+  }()

@@ -1,0 +1,187 @@
+// Paged GQA decode attention, split-KV (torch-free). Pass 1: block (split, head tile, token) attends GT query heads
+// of one KV-head group over a range of local tokens, loading each K/V row once for the whole tile with 16-byte
+// loads; fp32 online softmax in base 2; writes a normalised fp32 partial and its natural LSE. Pass 2 merges the
+// splits (merge_kernel) into out [T, Hq, D] in the cache dtype and lse [T, Hq].
+// Block ids outside the cache, or lengths past the block table, are never read: those tokens are skipped (a GPU
+// kernel cannot raise; the CPU op rejects them).
+#pragma once
+
+#include "kernels/common.cuh"
+#include "kernels/merge.cuh"
+
+namespace dcp_ops::kernels {
+
+struct GqaParams {
+  const void* q;
+  int64_t q_st, q_sh;
+  const void* k;
+  int64_t k_sb, k_st, k_sh;
+  const void* v;
+  int64_t v_sb, v_st, v_sh;
+  const int32_t* block_table;
+  int64_t bt_st;
+  const int32_t* seq_lens;
+  int T, Hq, Hkv, D, block_size, num_blocks, max_blocks, splits, tokens_per_split;
+  float scale_log2;  // softmax scale * log2(e)
+  float* part_o;     // [splits, T, Hq, D] fp32, normalised
+  float* part_lse;   // [splits, T, Hq] natural log
+};
+
+constexpr int kGqaWarps = 4;
+
+template <int LANES>
+__device__ __forceinline__ float group_sum(float x) {  // sum over aligned groups of LANES lanes
+#pragma unroll
+  for (int o = LANES / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// LANES lanes cover one token's row, each NC packs of VEC elements; 32 / LANES tokens per warp step.
+template <typename T, int VEC, int LANES, int NC, int GT>
+__global__ void gqa_split_kernel(GqaParams p) {
+  constexpr int SUBS = 32 / LANES, SLOTS = kGqaWarps * SUBS, W = VEC * NC;
+  const int split = blockIdx.x, tile = blockIdx.y, t = blockIdx.z;
+  const int G = p.Hq / p.Hkv, tiles = (G + GT - 1) / GT;
+  const int kvh = tile / tiles, g0 = (tile % tiles) * GT, ng = min(GT, G - g0);
+  const int D = p.D;
+  DCP_DYNAMIC_SMEM(float, smem);
+  float* qs = smem;                       // [GT][D] scaled query
+  float* sm_m = qs + GT * D;              // [SLOTS][GT]
+  float* sm_l = sm_m + SLOTS * GT;        // [SLOTS][GT]
+  float* sm_o = sm_l + SLOTS * GT;        // [SLOTS][GT][D]
+  for (int i = threadIdx.x; i < GT * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    qs[i] = g < ng ? to_f32(static_cast<const T*>(p.q)[t * p.q_st + (kvh * G + g0 + g) * p.q_sh + d]) * p.scale_log2
+                   : 0.f;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int sub = lane / LANES, sl = lane % LANES, slot = warp * SUBS + sub;
+  float qr[GT][W], acc[GT][W], m[GT], l[GT];
+#pragma unroll
+  for (int g = 0; g < GT; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        qr[g][c * VEC + e] = qs[g * D + (c * LANES + sl) * VEC + e];
+        acc[g][c * VEC + e] = 0.f;
+      }
+  }
+  int len = p.seq_lens[t];
+  len = max(0, min(len, p.max_blocks * p.block_size));
+  const int j0 = split * p.tokens_per_split, j1 = min(len, j0 + p.tokens_per_split);
+  const T* kbase = static_cast<const T*>(p.k) + kvh * p.k_sh;
+  const T* vbase = static_cast<const T*>(p.v) + kvh * p.v_sh;
+  for (int base = j0 + warp * SUBS; base < j1; base += kGqaWarps * SUBS) {  // warp-uniform trip count
+    const int j = base + sub;
+    const int64_t block = j < j1 ? p.block_table[t * p.bt_st + j / p.block_size] : -1;
+    const bool valid = block >= 0 && block < p.num_blocks;
+    const int64_t off = j % p.block_size;
+    float kf[W], vf[W];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      Pack<T, VEC> kp, vp;
+      if (valid) {
+        const int64_t col = (c * LANES + sl) * VEC;
+        kp = *reinterpret_cast<const Pack<T, VEC>*>(kbase + block * p.k_sb + off * p.k_st + col);
+        vp = *reinterpret_cast<const Pack<T, VEC>*>(vbase + block * p.v_sb + off * p.v_st + col);
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        kf[c * VEC + e] = valid ? to_f32(kp.v[e]) : 0.f;
+        vf[c * VEC + e] = valid ? to_f32(vp.v[e]) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) s += qr[g][w] * kf[w];
+      s = group_sum<LANES>(s);
+      if (!valid) continue;
+      const float m_new = fmaxf(m[g], s);
+      const float a = exp2f(m[g] - m_new), pw = exp2f(s - m_new);
+      l[g] = l[g] * a + pw;
+#pragma unroll
+      for (int w = 0; w < W; ++w) acc[g][w] = acc[g][w] * a + pw * vf[w];
+      m[g] = m_new;
+    }
+  }
+  // Combine the SLOTS token streams of the block through shared memory.
+#pragma unroll
+  for (int g = 0; g < GT; ++g) {
+    if (sl == 0) {
+      sm_m[slot * GT + g] = m[g];
+      sm_l[slot * GT + g] = l[g];
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) sm_o[(slot * GT + g) * D + (c * LANES + sl) * VEC + e] = acc[g][c * VEC + e];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    float mx = -INFINITY;
+    for (int s = 0; s < SLOTS; ++s) mx = fmaxf(mx, sm_m[s * GT + g]);
+    const int64_t h = kvh * G + g0 + g;
+    float* o = p.part_o + ((static_cast<int64_t>(split) * p.T + t) * p.Hq + h) * D;
+    if (mx == -INFINITY) {
+      o[d] = 0.f;
+      if (d == 0) p.part_lse[(static_cast<int64_t>(split) * p.T + t) * p.Hq + h] = -INFINITY;
+      continue;
+    }
+    float total = 0.f, sum = 0.f;
+    for (int s = 0; s < SLOTS; ++s) {
+      const float w = sm_m[s * GT + g] == -INFINITY ? 0.f : exp2f(sm_m[s * GT + g] - mx);
+      total += w * sm_l[s * GT + g];
+      sum += w * sm_o[(s * GT + g) * D + d];
+    }
+    o[d] = sum / total;
+    if (d == 0) p.part_lse[(static_cast<int64_t>(split) * p.T + t) * p.Hq + h] = (mx + log2f(total)) * 0.69314718f;
+  }
+}
+
+inline int gqa_smem_bytes(int GT, int D, int slots) { return (GT * D + 2 * slots * GT + slots * GT * D) * 4; }
+
+template <typename T, int VEC, int LANES, int NC, int GT>
+cudaError_t gqa_launch(const GqaParams& p, cudaStream_t stream) {
+  const int G = p.Hq / p.Hkv;
+  const dim3 grid(p.splits, p.Hkv * ((G + GT - 1) / GT), p.T);
+  const int smem = gqa_smem_bytes(GT, p.D, kGqaWarps * (32 / LANES));
+  auto kernel = gqa_split_kernel<T, VEC, LANES, NC, GT>;
+  DCP_LAUNCH(kernel, grid, dim3(32 * kGqaWarps), smem, stream, p);
+  return cudaGetLastError();
+}
+
+// Head tile GT: the group size rounded up to a power of two, at most 8 (larger groups take several tiles).
+template <typename T, int VEC, int LANES, int NC>
+cudaError_t gqa_by_group(const GqaParams& p, cudaStream_t stream) {
+  const int G = p.Hq / p.Hkv;
+  if (G <= 1) return gqa_launch<T, VEC, LANES, NC, 1>(p, stream);
+  if (G <= 2) return gqa_launch<T, VEC, LANES, NC, 2>(p, stream);
+  if (G <= 4) return gqa_launch<T, VEC, LANES, NC, 4>(p, stream);
+  return gqa_launch<T, VEC, LANES, NC, 8>(p, stream);
+}
+
+// Head dims 64, 128 and 256, for every dtype.
+inline bool gqa_supported_head_dim(int D, int /*elem_size*/) { return D == 64 || D == 128 || D == 256; }
+
+template <typename T>
+cudaError_t gqa_split(const GqaParams& p, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
+  if constexpr (V == 4) {            // fp32: 16, 32 or 64 packs per row
+    if (p.D == 64) return gqa_by_group<T, V, 16, 1>(p, stream);
+    if (p.D == 128) return gqa_by_group<T, V, 32, 1>(p, stream);
+    return gqa_by_group<T, V, 32, 2>(p, stream);
+  } else {                           // bf16 / fp16: 8, 16 or 32 packs per row
+    if (p.D == 64) return gqa_by_group<T, V, 8, 1>(p, stream);
+    if (p.D == 128) return gqa_by_group<T, V, 16, 1>(p, stream);
+    return gqa_by_group<T, V, 32, 1>(p, stream);
+  }
+}
+
+}  // namespace dcp_ops::kernels
