@@ -1,6 +1,7 @@
 """gqa_decode_partial and mla_decode_partial against the float64 reference on fresh random paged caches."""
 import math
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,6 +27,22 @@ def test_gqa_matches_reference(dtype, head_dim, group, hkv, block_size, lens, se
     out, lse = dcp_ops.gqa_decode_partial(q, k, v, table, seq_lens, scale)
     r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, scale)
     assert out.dtype == dtype
+    assert_matches(out, r_out, dtype, "out")
+    assert_lse_matches(lse, r_lse, "lse")
+
+
+@pytest.mark.parametrize("group,head_dim", [(3, 72), (5, 40), (6, 96), (7, 20), (12, 128), (16, 64), (1, 13)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gqa_uneven_groups_and_head_dims(group, head_dim, dtype):
+    """Group sizes that do not fill a vector and head dims that are not a multiple of one take the kernels' tail paths."""
+    gen = torch.Generator().manual_seed(group * 1000 + head_dim)
+    lens = [1, 17, 100, 0, 63]
+    k, table = paged_cache(lens, 16, (2, head_dim), dtype, gen)
+    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
+    q = randn(len(lens), 2 * group, head_dim, dtype=dtype, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out, lse = dcp_ops.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
+    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
     assert_matches(out, r_out, dtype, "out")
     assert_lse_matches(lse, r_lse, "lse")
 

@@ -2,8 +2,12 @@
 // and the optional w_uv up-projection of the normalised latent output.
 #include <ATen/ATen.h>
 
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
 #include <cmath>
 
+#include "cpu/gemm.h"
 #include "cpu/paged_decode.h"
 #include "ops.h"
 
@@ -30,6 +34,24 @@ cpu::PagedDecodeParams base_params(const Tensor& q32, const DecodeDims& d, const
   p.out = out32.data_ptr<float>();
   p.lse = lse.data_ptr<float>();
   return p;
+}
+// Per-head projection y[t, h, :] = x[t, h, :] @ w[h] for fp32 x [T, H, K] and w [H, K, N] in its own dtype (the MLA
+// w_uk absorption and w_uv up-projection): w is read once, converted in registers, never copied to fp32.
+Tensor per_head_matmul(const Tensor& x, const Tensor& w) {
+  const int64_t T = x.size(0), H = x.size(1), K = x.size(2), N = w.size(2);
+  const Tensor wc = w.stride(2) == 1 ? w : w.contiguous();
+  Tensor y = at::zeros({T, H, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, wc.scalar_type(), "per_head_matmul", [&] {
+    const scalar_t* wp = wc.data_ptr<scalar_t>();
+    at::parallel_for(0, H, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t h = begin; h < end; ++h)
+        cpu::gemm_acc(T, N, K, cpu::Strided<float>{xp + h * x.stride(1), x.stride(0), x.stride(2)},
+                      cpu::Strided<scalar_t>{wp + h * wc.stride(0), wc.stride(1), 1}, yp + h * N, H * N);
+    });
+  });
+  return y;
 }
 }  // namespace
 
@@ -60,8 +82,7 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
   const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "mla_decode_partial");
   Tensor q_lat = q_nope.to(at::kFloat);
-  if (w_uk.has_value())  // query absorption: [H, T, D_nope] x [H, D_nope, D_latent], in fp32
-    q_lat = at::bmm(q_lat.transpose(0, 1), w_uk->to(at::kFloat)).transpose(0, 1);
+  if (w_uk.has_value()) q_lat = per_head_matmul(q_lat, *w_uk);  // query absorption, fp32 accumulation
   const Tensor q32 = (at::cat({q_lat, q_pe.to(at::kFloat)}, -1) * (scale * kLog2e)).contiguous();
   Tensor out32 = at::empty({d.T, d.Hq, d.Dv}, q_nope.options().dtype(at::kFloat));
   Tensor lse = at::empty({d.T, d.Hq}, q_nope.options().dtype(at::kFloat));
@@ -71,8 +92,7 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
   p.k_st = p.v_st = kv_cache.stride(1);
   p.k_sh = p.v_sh = 0;
   cpu::paged_decode(p, q_nope.scalar_type());
-  if (w_uv.has_value())  // value up-projection of the normalised latent output, before any merge
-    out32 = at::bmm(out32.transpose(0, 1), w_uv->to(at::kFloat)).transpose(0, 1);
+  if (w_uv.has_value()) out32 = per_head_matmul(out32, *w_uv);  // value up-projection, before any merge
   return {out32.to(q_nope.scalar_type()).contiguous(), lse};
 }
 

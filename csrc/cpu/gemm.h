@@ -1,6 +1,7 @@
-// Register-blocked GEMM micro-kernel for the CPU kernels: C += A * B with fp32 accumulation.
-// B and C are row-major; A is addressed A[i * a_rs + k * a_cs], so a transposed A needs no copy. A and B may be
-// fp32, bf16 or fp16 (converted to fp32 in registers), so cache rows are read in place, never staged.
+// Register-blocked GEMM micro-kernels for the CPU kernels, fp32 accumulation; cache rows (fp32, bf16 or fp16) are
+// converted to fp32 in registers and read in place.
+//   gemm_acc: C += A * B, with A and B views (strided, or row pointers into a paged cache) and C row-major.
+//   gemm_nt:  C = A * B^T for a few B rows packed by pack_nt: each A row is read once, as contiguous chunks.
 #pragma once
 
 #include <ATen/cpu/vec/vec.h>
@@ -8,10 +9,15 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <type_traits>
 
 namespace dcp_ops::cpu {
+
+// The micro-kernels keep their accumulators in arrays of vectors; they must be inlined into their callers so that the
+// compiler keeps those arrays in registers (an out-of-line call would spill them to the stack on every iteration).
+#define DCP_INLINE inline __attribute__((always_inline))
 
 using fVec = at::vec::Vectorized<float>;
 constexpr int64_t kVL = fVec::size();
@@ -37,68 +43,274 @@ inline fVec load_f32(const T* p, int64_t n = kVL) {
   }
 }
 
-// C[MR x N] += A[MR x K] * B[K x N]: MR rows x two vectors of accumulators, B streamed along N.
-template <int MR, typename TA, typename TB>
-inline void gemm_rows(int64_t N, int64_t K, const TA* A, int64_t a_rs, int64_t a_cs, const TB* B, int64_t ldb,
-                      float* C, int64_t ldc) {
-  int64_t j = 0;
-  for (; j + 2 * kVL <= N; j += 2 * kVL) {
-    fVec c0[MR], c1[MR];
+// Read-only matrix views for the micro-kernels. A view gives element (i, k) and a pointer to row i (for a view whose
+// rows are contiguous).
+template <typename T>
+struct Strided {  // element (i, k) at p[i * rs + k * cs]
+  const T* p;
+  int64_t rs, cs;
+  const T& operator()(int64_t i, int64_t k) const { return p[i * rs + k * cs]; }
+  const T* row(int64_t i) const { return p + i * rs; }
+  Strided rows_from(int64_t i) const { return {p + i * rs, rs, cs}; }
+};
+
+template <typename T>
+struct RowPtrs {  // element (i, k) at rows[i][off + k]: the rows of a paged cache tile, wherever their blocks are
+  const T* const* rows;
+  int64_t off;
+  const T& operator()(int64_t i, int64_t k) const { return rows[i][off + k]; }
+  const T* row(int64_t i) const { return rows[i] + off; }
+  RowPtrs rows_from(int64_t i) const { return {rows + i, off}; }
+};
+
+// Called between register blocks of the micro-kernels, e.g. to spread software prefetches through the arithmetic.
+struct NoHook {
+  void operator()() const {}
+};
+
+// C[MR x NV*kVL] += A[MR x K] * B[K x NV*kVL] at column j: MR x NV accumulators, B rows streamed.
+template <int MR, int NV, typename MA, typename MB>
+DCP_INLINE void gemm_strip(int64_t j, int64_t K, const MA& A, const MB& B, float* C, int64_t ldc) {
+  fVec c[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) c[i][v] = fVec::loadu(C + i * ldc + j + v * kVL);
+  for (int64_t k = 0; k < K; ++k) {
+    const auto* brow = B.row(k) + j;
+    fVec b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) b[v] = load_f32(brow + v * kVL);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      c0[i] = fVec::loadu(C + i * ldc + j);
-      c1[i] = fVec::loadu(C + i * ldc + j + kVL);
-    }
-    for (int64_t k = 0; k < K; ++k) {
-      const fVec b0 = load_f32(B + k * ldb + j);
-      const fVec b1 = load_f32(B + k * ldb + j + kVL);
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const fVec a(static_cast<float>(A[i * a_rs + k * a_cs]));
-        c0[i] = at::vec::fmadd(a, b0, c0[i]);
-        c1[i] = at::vec::fmadd(a, b1, c1[i]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      c0[i].store(C + i * ldc + j);
-      c1[i].store(C + i * ldc + j + kVL);
+      const fVec a(static_cast<float>(A(i, k)));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) c[i][v] = at::vec::fmadd(a, b[v], c[i][v]);
     }
   }
-  for (; j < N; j += kVL) {  // tail: one (possibly partial) vector
-    const int64_t n = std::min(kVL, N - j);
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) c[i][v].store(C + i * ldc + j + v * kVL);
+}
+
+// C[MR x N] += A[MR x K] * B[K x N]: strips of NV vectors (MR * NV <= 12 accumulators), then single (possibly
+// partial) vectors.
+template <int MR, typename MA, typename MB, typename Hook>
+inline void gemm_rows(int64_t N, int64_t K, const MA& A, const MB& B, float* C, int64_t ldc, Hook& hook) {
+  constexpr int NV = MR <= 4 ? 3 : 2;
+  int64_t j = 0;
+  for (; j + NV * kVL <= N; j += NV * kVL) {
+    gemm_strip<MR, NV>(j, K, A, B, C, ldc);
+    hook();
+  }
+  for (; j + kVL <= N; j += kVL) {
+    gemm_strip<MR, 1>(j, K, A, B, C, ldc);
+    hook();
+  }
+  if (j < N) {  // tail: one partial vector
+    const int64_t n = N - j;
     fVec c[MR];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) c[i] = fVec::loadu(C + i * ldc + j, n);
     for (int64_t k = 0; k < K; ++k) {
-      const fVec b = n == kVL ? load_f32(B + k * ldb + j) : load_f32(B + k * ldb + j, n);
+      const fVec bv = load_f32(B.row(k) + j, n);
 #pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i)
-        c[i] = at::vec::fmadd(fVec(static_cast<float>(A[i * a_rs + k * a_cs])), b, c[i]);
+      for (int i = 0; i < MR; ++i) c[i] = at::vec::fmadd(fVec(static_cast<float>(A(i, k))), bv, c[i]);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) c[i].store(C + i * ldc + j, n);
+    hook();
   }
 }
 
-// C[M x N] += A[M x K] * B[K x N]; rows are split into near-equal blocks of at most 6.
-template <typename TA, typename TB>
-inline void gemm_acc(int64_t M, int64_t N, int64_t K, const TA* A, int64_t a_rs, int64_t a_cs, const TB* B,
-                     int64_t ldb, float* C, int64_t ldc) {
+// C[M x N] += A[M x K] * B[K x N] for views A and B (B's rows contiguous); rows are split into near-equal blocks of
+// at most 6.
+template <typename MA, typename MB, typename Hook = NoHook>
+inline void gemm_acc(int64_t M, int64_t N, int64_t K, const MA& A, const MB& B, float* C, int64_t ldc,
+                     Hook&& hook = Hook{}) {
   const int64_t blocks = (M + 5) / 6;
   const int64_t rows_per_block = blocks ? (M + blocks - 1) / blocks : 0;
   for (int64_t i = 0; i < M; i += rows_per_block) {
     const int64_t mr = std::min(rows_per_block, M - i);
-    const TA* a = A + i * a_rs;
+    const MA a = A.rows_from(i);
     float* c = C + i * ldc;
     switch (mr) {
-      case 1: gemm_rows<1>(N, K, a, a_rs, a_cs, B, ldb, c, ldc); break;
-      case 2: gemm_rows<2>(N, K, a, a_rs, a_cs, B, ldb, c, ldc); break;
-      case 3: gemm_rows<3>(N, K, a, a_rs, a_cs, B, ldb, c, ldc); break;
-      case 4: gemm_rows<4>(N, K, a, a_rs, a_cs, B, ldb, c, ldc); break;
-      case 5: gemm_rows<5>(N, K, a, a_rs, a_cs, B, ldb, c, ldc); break;
-      default: gemm_rows<6>(N, K, a, a_rs, a_cs, B, ldb, c, ldc); break;
+      case 1: gemm_rows<1>(N, K, a, B, c, ldc, hook); break;
+      case 2: gemm_rows<2>(N, K, a, B, c, ldc, hook); break;
+      case 3: gemm_rows<3>(N, K, a, B, c, ldc, hook); break;
+      case 4: gemm_rows<4>(N, K, a, B, c, ldc, hook); break;
+      case 5: gemm_rows<5>(N, K, a, B, c, ldc, hook); break;
+      default: gemm_rows<6>(N, K, a, B, c, ldc, hook); break;
     }
+  }
+}
+
+// Number of floats pack_nt writes for N rows of length K.
+inline int64_t packed_nt_size(int64_t N, int64_t K) { return (K + kVL - 1) / kVL * N * kVL; }
+
+// Packs B [N x K] (fp32, row stride ldb) for gemm_nt, chunk-interleaved so that one chunk of an A row meets the same
+// chunk of every B row in one run: bp[(c * N + n) * kVL + lane] = B[n][c * kVL + lane], 0 past K.
+inline void pack_nt(int64_t N, int64_t K, const float* B, int64_t ldb, float* bp) {
+  for (int64_t c = 0; c * kVL < K; ++c)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t lane = 0; lane < kVL; ++lane) {
+        const int64_t k = c * kVL + lane;
+        bp[(c * N + n) * kVL + lane] = k < K ? B[n * ldb + k] : 0.f;
+      }
+}
+
+// Lane r of the result is the sum of the lanes of a[r].
+DCP_INLINE fVec reduce_lanes(const fVec (&a)[kVL]) {
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+#else
+  __at_align__ float lanes[kVL][kVL];
+  __at_align__ float sums[kVL];
+  for (int64_t r = 0; r < kVL; ++r) a[r].store(lanes[r]);
+  for (int64_t r = 0; r < kVL; ++r) {
+    sums[r] = 0.f;
+    for (int64_t lane = 0; lane < kVL; ++lane) sums[r] += lanes[r][lane];
+  }
+  return fVec::loadu(sums);
+#endif
+}
+
+// Lane r dots A row ap[r] with packed B row bq[r] over K (B advances by chunk_stride per chunk).
+template <typename TA>
+DCP_INLINE fVec dot_lanes(int64_t K, const TA* const (&ap)[kVL], const float* const (&bq)[kVL], int64_t chunk_stride) {
+  fVec acc[kVL];
+#pragma GCC unroll 16
+  for (int r = 0; r < kVL; ++r) acc[r] = fVec(0.f);
+  const float* b = bq[0];
+  int64_t boff[kVL];  // B rows relative to bq[0]
+#pragma GCC unroll 16
+  for (int r = 0; r < kVL; ++r) boff[r] = bq[r] - b;
+  int64_t c = 0;
+  for (; c + kVL <= K; c += kVL, b += chunk_stride) {
+#pragma GCC unroll 16
+    for (int r = 0; r < kVL; ++r) acc[r] = at::vec::fmadd(load_f32(ap[r] + c), fVec::loadu(b + boff[r]), acc[r]);
+  }
+  if (c < K) {  // tail chunk: A lanes past K load as 0
+#pragma GCC unroll 16
+    for (int r = 0; r < kVL; ++r) acc[r] = at::vec::fmadd(load_f32(ap[r] + c, K - c), fVec::loadu(b + boff[r]), acc[r]);
+  }
+  return reduce_lanes(acc);
+}
+
+// Two A rows against kVL / 2 consecutive packed B rows (starting at b): lane t * kVL / 2 + h is A row t . B row h.
+// Each chunk costs two A loads and kVL / 2 B loads for kVL FMAs, so the loads keep up with the FMA units.
+template <typename TA>
+DCP_INLINE fVec dot_pair(int64_t K, const TA* a0, const TA* a1, const float* b, int64_t chunk_stride) {
+  constexpr int RH = kVL / 2;
+  fVec acc[kVL];
+#pragma GCC unroll 16
+  for (int r = 0; r < kVL; ++r) acc[r] = fVec(0.f);
+  int64_t c = 0;
+  for (; c + kVL <= K; c += kVL, b += chunk_stride) {
+    const fVec x0 = load_f32(a0 + c), x1 = load_f32(a1 + c);
+#pragma GCC unroll 8
+    for (int h = 0; h < RH; ++h) {
+      const fVec bh = fVec::loadu(b + h * kVL);
+      acc[h] = at::vec::fmadd(x0, bh, acc[h]);
+      acc[RH + h] = at::vec::fmadd(x1, bh, acc[RH + h]);
+    }
+  }
+  if (c < K) {  // tail chunk: A lanes past K load as 0
+    const fVec x0 = load_f32(a0 + c, K - c), x1 = load_f32(a1 + c, K - c);
+#pragma GCC unroll 8
+    for (int h = 0; h < RH; ++h) {
+      const fVec bh = fVec::loadu(b + h * kVL);
+      acc[h] = at::vec::fmadd(x0, bh, acc[h]);
+      acc[RH + h] = at::vec::fmadd(x1, bh, acc[RH + h]);
+    }
+  }
+  return reduce_lanes(acc);
+}
+
+// Three A rows against kVL / 2 (= 4 with AVX2) consecutive packed B rows: out[t * kVL / 2 + h] = A row t . B row h.
+template <typename TA>
+DCP_INLINE void dot_triple(int64_t K, const TA* a0, const TA* a1, const TA* a2, const float* b, int64_t chunk_stride,
+                           float* out) {
+  constexpr int RH = kVL / 2;
+  fVec acc[3 * RH];
+#pragma GCC unroll 16
+  for (int r = 0; r < 3 * RH; ++r) acc[r] = fVec(0.f);
+  int64_t c = 0;
+  for (; c + kVL <= K; c += kVL, b += chunk_stride) {
+    const fVec x0 = load_f32(a0 + c), x1 = load_f32(a1 + c), x2 = load_f32(a2 + c);
+#pragma GCC unroll 8
+    for (int h = 0; h < RH; ++h) {
+      const fVec bh = fVec::loadu(b + h * kVL);
+      acc[h] = at::vec::fmadd(x0, bh, acc[h]);
+      acc[RH + h] = at::vec::fmadd(x1, bh, acc[RH + h]);
+      acc[2 * RH + h] = at::vec::fmadd(x2, bh, acc[2 * RH + h]);
+    }
+  }
+  if (c < K) {
+    const fVec x0 = load_f32(a0 + c, K - c), x1 = load_f32(a1 + c, K - c), x2 = load_f32(a2 + c, K - c);
+#pragma GCC unroll 8
+    for (int h = 0; h < RH; ++h) {
+      const fVec bh = fVec::loadu(b + h * kVL);
+      acc[h] = at::vec::fmadd(x0, bh, acc[h]);
+      acc[RH + h] = at::vec::fmadd(x1, bh, acc[RH + h]);
+      acc[2 * RH + h] = at::vec::fmadd(x2, bh, acc[2 * RH + h]);
+    }
+  }
+  const fVec lo[kVL] = {acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]};
+  reduce_lanes(lo).store(out);
+  const fVec z(0.f);
+  const fVec hi[kVL] = {acc[8], acc[9], acc[10], acc[11], z, z, z, z};
+  reduce_lanes(hi).store(out + kVL);
+}
+
+// C[i * ldc + n] = A_i . B_n for i < M, n < N, with B packed by pack_nt and A a view with contiguous rows. B rows are
+// taken kVL / 2 at a time against pairs of A rows (dot_pair); fewer than kVL / 2 B rows left are paired with as many
+// A rows as fill the lanes.
+template <typename MA, typename Hook = NoHook>
+inline void gemm_nt(int64_t M, int64_t N, int64_t K, const MA& A, const float* bp, float* C, int64_t ldc,
+                    Hook&& hook = Hook{}) {
+  using TA = std::remove_cv_t<std::remove_reference_t<decltype(A(0, 0))>>;
+  constexpr int64_t RH = kVL / 2;
+  const int64_t chunk_stride = N * kVL;
+  __at_align__ float out[kVL];
+  int64_t n0 = 0;
+  for (; n0 + RH <= N; n0 += RH) {
+    int64_t i = 0;
+    if constexpr (kVL == 8) {  // 12 accumulators fit in the 16 AVX2 registers: rows in threes, then a pair
+      for (; i + 3 <= M; i += 3) {
+        __at_align__ float o3[2 * kVL];
+        dot_triple(K, A.row(i), A.row(i + 1), A.row(i + 2), bp + n0 * kVL, chunk_stride, o3);
+        std::memcpy(C + i * ldc + n0, o3, RH * sizeof(float));
+        std::memcpy(C + (i + 1) * ldc + n0, o3 + RH, RH * sizeof(float));
+        std::memcpy(C + (i + 2) * ldc + n0, o3 + 2 * RH, RH * sizeof(float));
+        hook();
+      }
+    }
+    for (; i < M; i += 2) {
+      const bool two = i + 1 < M;
+      dot_pair(K, A.row(i), A.row(two ? i + 1 : i), bp + n0 * kVL, chunk_stride).store(out);
+      std::memcpy(C + i * ldc + n0, out, RH * sizeof(float));
+      if (two) std::memcpy(C + (i + 1) * ldc + n0, out + RH, RH * sizeof(float));
+      hook();
+    }
+  }
+  if (n0 == N) return;
+  const int64_t w = N - n0, rows = kVL / w;  // w B rows against `rows` A rows
+  const TA* ap[kVL];
+  const float* bq[kVL];
+  for (int64_t r = 0; r < kVL; ++r) bq[r] = bp + (n0 + (r < rows * w ? r % w : 0)) * kVL;
+  for (int64_t i = 0; i < M; i += rows) {
+    // Lanes past the last full row, or past row M - 1, repeat row i; their results are not stored.
+    for (int64_t r = 0; r < kVL; ++r) {
+      const int64_t row = i + r / w;
+      ap[r] = A.row(r < rows * w && row < M ? row : i);
+    }
+    dot_lanes(K, ap, bq, chunk_stride).store(out);
+    for (int64_t r = 0; r < rows * w && i + r / w < M; ++r) C[(i + r / w) * ldc + n0 + r % w] = out[r];
+    hook();
   }
 }
 

@@ -1,5 +1,6 @@
-// Split-KV paged decode: each tile of cache rows is scored in place as S^T = K Q^T with the register-blocked GEMM
-// (heads along the vector), folded into an online base-2 softmax, and the splits combined at the end.
+// Split-KV paged decode: each tile of cache rows is read in place through row pointers (a tile spans blocks), scored
+// by a register-blocked GEMM, folded into an online base-2 softmax and multiplied into the output, while the next
+// tile's rows are prefetched; the splits are combined at the end.
 #include "cpu/paged_decode.h"
 
 #include <ATen/Parallel.h>
@@ -20,28 +21,66 @@ namespace dcp_ops::cpu {
 
 namespace {
 
-constexpr int64_t kTile = 64;  // most tokens per tile (a tile never crosses a cache block)
+constexpr int64_t kTileMax = 64;   // most tokens per tile
+constexpr int64_t kTileBytes = 32 * 1024;  // small-G tiles: K + V rows of a tile (every KV head) fit in L1
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLn2 = 0.693147180559945309f;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Prefetches (into L2) every KV head's rows of tokens [j, j + n), so the next tile's loads overlap this tile's math.
-template <typename scalar_t>
-void prefetch_tile(const PagedDecodeParams& p, int64_t t, int64_t j, int64_t n) {
-  const int32_t* row = p.block_table + t * p.bt_stride;
-  constexpr int64_t es = sizeof(scalar_t);
-  auto rows = [&](const void* base, int64_t sb, int64_t st, int64_t sh, int64_t D) {
-    const char* c = static_cast<const char*>(base);
+// Spreads software prefetches of the next tile's rows (every KV head, K and V) over the arithmetic of the current
+// tile: each call from a GEMM hook issues a share of the lines, so their memory latency overlaps the math instead of
+// stalling the first loads of the next tile. The share is sized from the number of calls the previous tile made.
+struct TilePrefetcher {
+  std::vector<const char*> lines;  // the next tile's cache lines, in the order they are issued
+  size_t next = 0;
+  int64_t per_call = 4, calls = 0;
+
+  // Queues every line of the rows (kbytes from each K row, vbytes from each V row; vrows null when V rows are the
+  // K rows) and sizes the share per call from the number of calls the previous tile made.
+  void start(const char* const* krows, const char* const* vrows, int64_t n, int64_t kbytes, int64_t vbytes) {
+    lines.clear();
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = j + i;
-      const char* r = c + (row[pos / p.block_size] * sb + (pos % p.block_size) * st) * es;
-      for (int64_t h = 0; h < p.Hkv; ++h)
-        for (int64_t b = 0; b < D * es; b += 64) __builtin_prefetch(r + h * sh * es + b, 0, 2);
+      for (int64_t b = 0; b < kbytes; b += 64) lines.push_back(krows[i] + b);
+      if (vrows)
+        for (int64_t b = 0; b < vbytes; b += 64) lines.push_back(vrows[i] + b);
     }
-  };
-  rows(p.k, p.k_sb, p.k_st, p.k_sh, p.Dk);
-  if (p.v != p.k) rows(p.v, p.v_sb, p.v_st, p.v_sh, p.Dv);  // MLA: values are the key rows' prefix
+    if (calls > 0) per_call = std::max<int64_t>(1, ceil_div(static_cast<int64_t>(lines.size()), calls));
+    next = 0;
+    calls = 0;
+  }
+  void operator()() {
+    ++calls;
+    const size_t end = std::min(lines.size(), next + static_cast<size_t>(per_call));
+    for (; next < end; ++next) __builtin_prefetch(lines[next], 0, 3);
+  }
+  void finish() {
+    for (; next < lines.size(); ++next) __builtin_prefetch(lines[next], 0, 3);
+  }
+};
+
+// 2^x for x <= 0 (a score minus the running max), -inf and x < -126 giving 0, NaN giving NaN: x = n + f with n the
+// nearest integer, |f| <= 1/2, a degree-6 polynomial for 2^f (relative error ~1e-7, as Cephes' exp2f) and n added to
+// the exponent.
+inline fVec exp2_nonpos(const fVec& x) {
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  const __m256 v = x;
+  const __m256 tiny = _mm256_cmp_ps(v, _mm256_set1_ps(-126.f), _CMP_LT_OQ);  // true for -inf, false for NaN
+  const __m256 c = _mm256_max_ps(_mm256_set1_ps(-126.f), v);                 // NaN stays NaN (second operand)
+  const __m256 n = _mm256_round_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(c, n);
+  __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+#else
+  return x.exp2();
+#endif
 }
 
 // Online softmax over one tile of transposed base-2 scores st[n x G]: st becomes probabilities, and the rows of o
@@ -53,10 +92,10 @@ void softmax_update(float* st, int64_t G, int64_t n, float* m, float* l, float* 
     fVec mx = fVec::loadu(m + g0, w);
     for (int64_t i = 0; i < n; ++i) mx = at::vec::maximum(mx, fVec::loadu(st + i * G + g0, w));
     const fVec m_old = fVec::loadu(m + g0, w);
-    const fVec a = (m_old - mx).exp2();  // 0 on the first tile (m = -inf)
+    const fVec a = exp2_nonpos(m_old - mx);  // 0 on the first tile (m = -inf)
     fVec sum(0.f);
     for (int64_t i = 0; i < n; ++i) {
-      const fVec e = (fVec::loadu(st + i * G + g0, w) - mx).exp2();
+      const fVec e = exp2_nonpos(fVec::loadu(st + i * G + g0, w) - mx);
       e.store(st + i * G + g0, w);
       sum = sum + e;
     }
@@ -77,6 +116,12 @@ void softmax_update(float* st, int64_t G, int64_t n, float* m, float* l, float* 
 template <typename scalar_t>
 void paged_decode_impl(const PagedDecodeParams& p) {
   const int64_t G = p.Hq / p.Hkv;
+  // Small G (GQA): scores by gemm_nt, tiles sized to stay in L1. Large G (MLA): scores by gemm_acc with the heads
+  // along the vector, whose Q^T tile is reused over up to kTileMax rows.
+  const bool nt = G < 2 * kVL;
+  const int64_t token_bytes =
+      (p.Hkv * p.Dk + (p.v == p.k ? 0 : p.Hkv * p.Dv)) * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t kTile = nt ? std::clamp<int64_t>(kTileBytes / token_bytes / 8 * 8, 8, kTileMax) : kTileMax;
   int64_t max_len = 0;
   for (int64_t t = 0; t < p.T; ++t) max_len = std::max<int64_t>(max_len, p.seq_lens[t]);
   const int64_t threads = at::get_num_threads();
@@ -85,17 +130,19 @@ void paged_decode_impl(const PagedDecodeParams& p) {
                                                        ceil_div(max_len, kTile)));
   const int64_t items = p.T * nsplit;  // one item = one token range of one sequence, all KV heads
   std::vector<float> part_o(items * p.Hq * p.Dv), part_m(items * p.Hq), part_l(items * p.Hq);
-  // Token entries dense over heads (K and V alike, separate tensors): a tile is one contiguous run per cache.
-  const int64_t entry = p.Hkv * p.Dk;
-  const bool stage = p.v != p.k && p.Dk == p.Dv && p.k_sh == p.Dk && p.v_sh == p.Dv && p.k_st == entry &&
-                     p.v_st == entry;
+  const int64_t qpack = std::max(packed_nt_size(G, p.Dk), p.Dk * G);
+  // Bytes of a token's entry (every KV head) in each cache.
+  const int64_t kbytes = ((p.Hkv - 1) * p.k_sh + p.Dk) * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t vbytes = ((p.Hkv - 1) * p.v_sh + p.Dv) * static_cast<int64_t>(sizeof(scalar_t));
   const auto* kc = static_cast<const scalar_t*>(p.k);
   const auto* vc = static_cast<const scalar_t*>(p.v);
 
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     // Running state lives in this thread's buffers (items of other threads share cache lines in part_*).
-    std::vector<float> st(kTile * G), qt(p.Hkv * p.Dk * G), alpha(G), acc_o(p.Hq * p.Dv), acc_m(p.Hq), acc_l(p.Hq);
-    std::vector<scalar_t> kbuf(stage ? kTile * entry : 0), vbuf(stage ? kTile * entry : 0);
+    std::vector<float> st(kTileMax * G), qt(p.Hkv * qpack), alpha(G), acc_o(p.Hq * p.Dv), acc_m(p.Hq), acc_l(p.Hq);
+    // Row pointers (token entries) of this tile and of the next one, which is being prefetched.
+    std::vector<const scalar_t*> krows(kTileMax), vrows(kTileMax), next_krows(kTileMax), next_vrows(kTileMax);
+    TilePrefetcher pf;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / nsplit, split = item % nsplit;
       const int64_t len = p.seq_lens[t];
@@ -108,60 +155,44 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       std::fill(m, m + p.Hq, kNegInf);
       std::fill(l, l + p.Hq, 0.f);
       if (j0 < j1) {
-      for (int64_t h = 0; h < p.Hq; ++h)  // Q^T per KV head [Dk x G]: S^T = K Q^T puts the heads along the vector
-        for (int64_t d = 0; d < p.Dk; ++d) qt[((h / G) * p.Dk + d) * G + h % G] = p.q[t * p.q_st + h * p.q_sh + d];
-      const int32_t* row = p.block_table + t * p.bt_stride;
-      // Tiles never cross a block, so a tile's rows sit at one stride in the cache and are read in place; all KV
-      // heads of a tile are done together so every cache line fetched is used at once.
-      for (int64_t j = j0; j < j1;) {
-        // In place, a tile never crosses a block (its rows then sit at one stride in the cache). GQA stages instead:
-        // each block's run of token entries (all heads) is copied with one sequential memcpy per cache, which
-        // streams at the memory's rate where the GEMMs' row-strided reads of the cache do not, and the tile may
-        // then span blocks.
-        const int64_t off = j % p.block_size;
-        const int64_t n = stage ? std::min(kTile, j1 - j) : std::min({kTile, j1 - j, p.block_size - off});
-        const int64_t block = row[j / p.block_size];
-        const scalar_t* kbase = kc + block * p.k_sb + off * p.k_st;
-        const scalar_t* vbase = vc + block * p.v_sb + off * p.v_st;
-        int64_t kst = p.k_st, vst = p.v_st;
-        if (stage) {
-          for (int64_t i = 0; i < n;) {
-            const int64_t pos = j + i, o2 = pos % p.block_size, run = std::min(n - i, p.block_size - o2);
-            const int64_t b2 = row[pos / p.block_size];
-            std::memcpy(kbuf.data() + i * entry, kc + b2 * p.k_sb + o2 * p.k_st, run * entry * sizeof(scalar_t));
-            std::memcpy(vbuf.data() + i * entry, vc + b2 * p.v_sb + o2 * p.v_st, run * entry * sizeof(scalar_t));
-            i += run;
-          }
-          kbase = kbuf.data();
-          vbase = vbuf.data();
-          kst = vst = entry;
-          // Touch the head of each of the next tile's runs so the hardware streamer is already running on them.
-          const int64_t jn = j + n, nn = std::min(kTile, j1 - jn);
-          for (int64_t i = 0; i < nn;) {
-            const int64_t pos = jn + i, o2 = pos % p.block_size, run = std::min(nn - i, p.block_size - o2);
-            const int64_t b2 = row[pos / p.block_size];
-            const char* kr = reinterpret_cast<const char*>(kc + b2 * p.k_sb + o2 * p.k_st);
-            const char* vr = reinterpret_cast<const char*>(vc + b2 * p.v_sb + o2 * p.v_st);
-            for (int64_t b = 0; b < std::min<int64_t>(run * entry * sizeof(scalar_t), 1024); b += 64) {
-              __builtin_prefetch(kr + b, 0, 3);
-              __builtin_prefetch(vr + b, 0, 3);
-            }
-            i += run;
-          }
-        } else if (j + n < j1) {
-          prefetch_tile<scalar_t>(p, t, j + n, std::min({kTile, j1 - j - n, p.block_size}));
+        if (nt) {  // Q per KV head packed for gemm_nt
+          for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
+            pack_nt(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, qt.data() + kvh * qpack);
+        } else {  // Q^T per KV head [Dk x G]: S^T = K Q^T puts the heads along the vector
+          for (int64_t h = 0; h < p.Hq; ++h)
+            for (int64_t d = 0; d < p.Dk; ++d)
+              qt[((h / G) * p.Dk + d) * G + h % G] = p.q[t * p.q_st + h * p.q_sh + d];
         }
-        for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {
-          const scalar_t* k = kbase + kvh * p.k_sh;
-          const scalar_t* v = vbase + kvh * p.v_sh;
-          float* oh = o + kvh * G * p.Dv;
-          std::fill(st.begin(), st.begin() + n * G, 0.f);
-          gemm_acc(n, G, p.Dk, k, kst, 1, qt.data() + kvh * p.Dk * G, G, st.data(), G);
-          softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
-          gemm_acc(G, p.Dv, n, st.data(), 1, G, v, vst, oh, p.Dv);  // P = st^T read in place
-        }
-        j += n;
       }
+      const int32_t* row = p.block_table + t * p.bt_stride;
+      auto fill_rows = [&](int64_t j, int64_t n, const scalar_t** kr, const scalar_t** vr) {
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t pos = j + i, blk = row[pos / p.block_size], off = pos % p.block_size;
+          kr[i] = kc + blk * p.k_sb + off * p.k_st;
+          vr[i] = vc + blk * p.v_sb + off * p.v_st;
+        }
+      };
+      for (int64_t j = j0; j < j1; j += kTile) {
+        const int64_t n = std::min(kTile, j1 - j), n_next = std::clamp<int64_t>(j1 - j - n, 0, kTile);
+        fill_rows(j, n, krows.data(), vrows.data());
+        fill_rows(j + n, n_next, next_krows.data(), next_vrows.data());
+        pf.start(reinterpret_cast<const char* const*>(next_krows.data()),
+                 p.v == p.k ? nullptr : reinterpret_cast<const char* const*>(next_vrows.data()), n_next, kbytes,
+                 vbytes);
+        for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {
+          const RowPtrs<scalar_t> k{krows.data(), kvh * p.k_sh};
+          const RowPtrs<scalar_t> v{vrows.data(), kvh * p.v_sh};
+          float* oh = o + kvh * G * p.Dv;
+          if (nt) {
+            gemm_nt(n, G, p.Dk, k, qt.data() + kvh * qpack, st.data(), G, pf);
+          } else {
+            std::fill(st.begin(), st.begin() + n * G, 0.f);
+            gemm_acc(n, G, p.Dk, k, Strided<float>{qt.data() + kvh * p.Dk * G, G, 1}, st.data(), G, pf);
+          }
+          softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
+          gemm_acc(G, p.Dv, n, Strided<float>{st.data(), 1, G}, v, oh, p.Dv, pf);  // P = st^T read in place
+        }
+        pf.finish();
       }
       std::copy(o, o + p.Hq * p.Dv, part_o.begin() + item * p.Hq * p.Dv);
       std::copy(m, m + p.Hq, part_m.begin() + item * p.Hq);
