@@ -3,7 +3,9 @@
 Measures, in the same run: large-buffer read and copy bandwidth, and the fp32 / bf16 torch.matmul rate. Then times
 each op on decode shapes and the best plain-torch way to compute the same thing from the same paged cache
 (gather the pages, then bmm + softmax, or scaled_dot_product_attention). The roofline time of a row is
-max(KV bytes / read bandwidth, FLOPs / best measured matmul rate); "roof" is roofline time / measured time.
+max(KV bytes / read bandwidth, FLOPs / best measured matmul rate); "roof" is roofline time / measured time. The read
+and fp32 matmul ceilings are measured again just before and just after each row and the row uses their mean (shown in
+the last two columns), because this VM's speed drifts by up to ~1.5x over minutes.
 
     python bench/bench_cpu.py [--quick] [--json PATH]
 """
@@ -35,17 +37,31 @@ def timeit(fn, min_reps=3, budget_s=1.0):
     return statistics.median(times)
 
 
-def ceilings():
+def ceilings(bf16=True, budget_s=1.0):
     x = torch.randn(128 * 1024 * 1024 // 4 * 4)  # 512 MiB, far larger than any cache
     y = torch.empty_like(x)
-    read = x.numel() * 4 / timeit(lambda: x.sum())
-    copy = 2 * x.numel() * 4 / timeit(lambda: y.copy_(x))
+    read = x.numel() * 4 / timeit(lambda: x.sum(), budget_s=budget_s)
+    copy = 2 * x.numel() * 4 / timeit(lambda: y.copy_(x), budget_s=budget_s)
     del x, y
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    f32 = 2 * 2048 ** 3 / timeit(lambda: a @ b)
-    a16, b16 = torch.randn(512, 512).bfloat16(), torch.randn(512, 512).bfloat16()
-    bf16 = 2 * 512 ** 3 / timeit(lambda: a16 @ b16, min_reps=1, budget_s=0.5)
-    return dict(read_GBps=read / 1e9, copy_GBps=copy / 1e9, fp32_GFLOPs=f32 / 1e9, bf16_GFLOPs=bf16 / 1e9)
+    f32 = 2 * 2048 ** 3 / timeit(lambda: a @ b, budget_s=budget_s)
+    out = dict(read_GBps=read / 1e9, copy_GBps=copy / 1e9, fp32_GFLOPs=f32 / 1e9)
+    if bf16:
+        a16, b16 = torch.randn(512, 512).bfloat16(), torch.randn(512, 512).bfloat16()
+        out["bf16_GFLOPs"] = 2 * 512 ** 3 / timeit(lambda: a16 @ b16, min_reps=1, budget_s=0.5) / 1e9
+    return out
+
+
+def ceilings_around(ceil, fn):
+    """Times fn between two measurements of the read and fp32 matmul ceilings and returns (time, ceilings): the
+    ceilings of the row are the mean of the two, so that the row's roofline fraction compares the op with the machine
+    as it ran at the same time (this VM's speed drifts by up to ~1.5x over minutes)."""
+    before = ceilings(bf16=False, budget_s=0.3)
+    t = timeit(fn)
+    after = ceilings(bf16=False, budget_s=0.3)
+    row = {k: (before[k] + after[k]) / 2 for k in before}
+    row["bf16_GFLOPs"] = ceil["bf16_GFLOPs"]
+    return t, row
 
 
 def paged(B, L, block_size, entry, dtype, gen):
@@ -137,7 +153,6 @@ def main():
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     ceil = ceilings()
-    peak = max(ceil["fp32_GFLOPs"], ceil["bf16_GFLOPs"]) * 1e9
     print(f"machine: {torch.get_num_threads()} threads, read {ceil['read_GBps']:.1f} GB/s, copy "
           f"{ceil['copy_GBps']:.1f} GB/s, matmul fp32 {ceil['fp32_GFLOPs']:.1f} GFLOP/s, bf16 "
           f"{ceil['bf16_GFLOPs']:.2f} GFLOP/s (dcp_ops CPU ISA: {dcp_ops._C.cpu_isa})")
@@ -155,13 +170,14 @@ def main():
                                       mla_case(B, L, dt, gen, H, a)))
     rows = []
     hdr = (f"{'op':<22} {'dtype':<5} {'ctx':>6} {'B':>3} {'ms':>9} {'GB/s':>6} {'GFLOP/s':>8} {'roof':>5} "
-           f"{'bmm':>9} {'bmm32':>9} {'sdpa':>9} {'vs best':>7}")
+           f"{'bmm':>9} {'bmm32':>9} {'sdpa':>9} {'vs best':>7} {'read':>5} {'mm32':>5}")
     print(hdr)
     print("-" * len(hdr))
     for name, dtype, L, B, make in cases:
         ours, baselines, flops, kv_bytes = make()
-        t = timeit(ours)
-        roof_t = max(kv_bytes / (ceil["read_GBps"] * 1e9), flops / peak)
+        t, row_ceil = ceilings_around(ceil, ours)
+        peak = max(row_ceil["fp32_GFLOPs"], row_ceil["bf16_GFLOPs"]) * 1e9
+        roof_t = max(kv_bytes / (row_ceil["read_GBps"] * 1e9), flops / peak)
         base = {}
         for bname, fn in baselines.items():
             if bname == "bmm_fp32" and dtype == torch.float32:
@@ -172,7 +188,7 @@ def main():
         row = dict(op=name, dtype=str(dtype).replace("torch.", ""), context=L, batch=B, ms=t * 1e3,
                    kv_GBps=kv_bytes / t / 1e9, GFLOPs=flops / t / 1e9, roofline_fraction=roof_t / t,
                    baselines_ms={k: (v * 1e3 if v is not None else None) for k, v in base.items()},
-                   speedup_vs_best_torch=best / t)
+                   speedup_vs_best_torch=best / t, ceilings=row_ceil)
         rows.append(row)
 
         def cell(k):
@@ -181,7 +197,8 @@ def main():
             return f"{base[k] * 1e3:>9.1f}" if base[k] is not None else f"{'(skip)':>9}"
         print(f"{name:<22} {row['dtype'][:5]:<5} {L:>6} {B:>3} {t * 1e3:>9.2f} {row['kv_GBps']:>6.1f} "
               f"{row['GFLOPs']:>8.1f} {row['roofline_fraction']:>5.2f} {cell('bmm')} {cell('bmm_fp32')} "
-              f"{cell('sdpa')} {row['speedup_vs_best_torch']:>6.1f}x", flush=True)
+              f"{cell('sdpa')} {row['speedup_vs_best_torch']:>6.1f}x {row_ceil['read_GBps']:>5.1f} "
+              f"{row_ceil['fp32_GFLOPs']:>5.0f}", flush=True)
     # merge: memory-bound, against copy bandwidth and the plain-torch merge
     for dtype in (torch.float32, torch.bfloat16):
         N, T, H, D = 4, 16, 128, 512

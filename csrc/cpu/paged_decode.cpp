@@ -22,7 +22,7 @@ namespace dcp_ops::cpu {
 namespace {
 
 constexpr int64_t kTileMax = 64;   // most tokens per tile
-constexpr int64_t kTileBytes = 32 * 1024;  // small-G tiles: K + V rows of a tile (every KV head) fit in L1
+constexpr int64_t kTileBytes = 16 * 1024;  // small-G tiles: this tile and the next (prefetched) one fit in L1
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLn2 = 0.693147180559945309f;
 
