@@ -32,31 +32,39 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // tile: each call from a GEMM hook issues a share of the lines, so their memory latency overlaps the math instead of
 // stalling the first loads of the next tile. The share is sized from the number of calls the previous tile made.
 struct TilePrefetcher {
-  std::vector<const char*> lines;  // the next tile's cache lines, in the order they are issued
+  struct Run {  // a row's bytes still to prefetch
+    const char* p;
+    const char* end;
+  };
+  std::vector<Run> runs;  // the next tile's rows, in the order they are issued
   size_t next = 0;
   int64_t per_call = 4, calls = 0;
 
-  // Queues every line of the rows (kbytes from each K row, vbytes from each V row; vrows null when V rows are the
-  // K rows) and sizes the share per call from the number of calls the previous tile made.
+  // Queues the rows (kbytes from each K row, vbytes from each V row; vrows null when V rows are the K rows) and sizes
+  // the share of lines per call from the number of calls the previous tile made.
   void start(const char* const* krows, const char* const* vrows, int64_t n, int64_t kbytes, int64_t vbytes) {
-    lines.clear();
+    runs.clear();
     for (int64_t i = 0; i < n; ++i) {
-      for (int64_t b = 0; b < kbytes; b += 64) lines.push_back(krows[i] + b);
-      if (vrows)
-        for (int64_t b = 0; b < vbytes; b += 64) lines.push_back(vrows[i] + b);
+      runs.push_back({krows[i], krows[i] + kbytes});
+      if (vrows) runs.push_back({vrows[i], vrows[i] + vbytes});
     }
-    if (calls > 0) per_call = std::max<int64_t>(1, ceil_div(static_cast<int64_t>(lines.size()), calls));
+    const int64_t lines = n * (ceil_div(kbytes, 64) + (vrows ? ceil_div(vbytes, 64) : 0));
+    if (calls > 0) per_call = std::max<int64_t>(1, ceil_div(lines, calls));
     next = 0;
     calls = 0;
   }
+  void issue(int64_t budget) {
+    for (; budget > 0 && next < runs.size(); ++next) {
+      Run& run = runs[next];
+      for (; budget > 0 && run.p < run.end; --budget, run.p += 64) __builtin_prefetch(run.p, 0, 3);
+      if (run.p < run.end) return;
+    }
+  }
   void operator()() {
     ++calls;
-    const size_t end = std::min(lines.size(), next + static_cast<size_t>(per_call));
-    for (; next < end; ++next) __builtin_prefetch(lines[next], 0, 3);
+    issue(per_call);
   }
-  void finish() {
-    for (; next < lines.size(); ++next) __builtin_prefetch(lines[next], 0, 3);
-  }
+  void finish() { issue(std::numeric_limits<int64_t>::max()); }
 };
 
 // 2^x for x <= 0 (a score minus the running max), -inf and x < -126 giving 0, NaN giving NaN: x = n + f with n the
