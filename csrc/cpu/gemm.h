@@ -208,25 +208,17 @@ DCP_INLINE fVec dot_pair(int64_t K, const TA* a0, const TA* a1, const float* b, 
   fVec acc[kVL];
 #pragma GCC unroll 16
   for (int r = 0; r < kVL; ++r) acc[r] = fVec(0.f);
+  auto step = [&](const fVec& x0, const fVec& x1) {
+#pragma GCC unroll 8
+    for (int h = 0; h < RH; ++h) {
+      const fVec bh = fVec::loadu(b + h * kVL);
+      acc[h] = at::vec::fmadd(x0, bh, acc[h]);
+      acc[RH + h] = at::vec::fmadd(x1, bh, acc[RH + h]);
+    }
+  };
   int64_t c = 0;
-  for (; c + kVL <= K; c += kVL, b += chunk_stride) {
-    const fVec x0 = load_f32(a0 + c), x1 = load_f32(a1 + c);
-#pragma GCC unroll 8
-    for (int h = 0; h < RH; ++h) {
-      const fVec bh = fVec::loadu(b + h * kVL);
-      acc[h] = at::vec::fmadd(x0, bh, acc[h]);
-      acc[RH + h] = at::vec::fmadd(x1, bh, acc[RH + h]);
-    }
-  }
-  if (c < K) {  // tail chunk: A lanes past K load as 0
-    const fVec x0 = load_f32(a0 + c, K - c), x1 = load_f32(a1 + c, K - c);
-#pragma GCC unroll 8
-    for (int h = 0; h < RH; ++h) {
-      const fVec bh = fVec::loadu(b + h * kVL);
-      acc[h] = at::vec::fmadd(x0, bh, acc[h]);
-      acc[RH + h] = at::vec::fmadd(x1, bh, acc[RH + h]);
-    }
-  }
+  for (; c + kVL <= K; c += kVL, b += chunk_stride) step(load_f32(a0 + c), load_f32(a1 + c));
+  if (c < K) step(load_f32(a0 + c, K - c), load_f32(a1 + c, K - c));  // tail chunk: A lanes past K load as 0
   return reduce_lanes(acc);
 }
 
@@ -238,27 +230,18 @@ DCP_INLINE void dot_triple(int64_t K, const TA* a0, const TA* a1, const TA* a2, 
   fVec acc[3 * RH];
 #pragma GCC unroll 16
   for (int r = 0; r < 3 * RH; ++r) acc[r] = fVec(0.f);
+  auto step = [&](const fVec& x0, const fVec& x1, const fVec& x2) {
+#pragma GCC unroll 8
+    for (int h = 0; h < RH; ++h) {
+      const fVec bh = fVec::loadu(b + h * kVL);
+      acc[h] = at::vec::fmadd(x0, bh, acc[h]);
+      acc[RH + h] = at::vec::fmadd(x1, bh, acc[RH + h]);
+      acc[2 * RH + h] = at::vec::fmadd(x2, bh, acc[2 * RH + h]);
+    }
+  };
   int64_t c = 0;
-  for (; c + kVL <= K; c += kVL, b += chunk_stride) {
-    const fVec x0 = load_f32(a0 + c), x1 = load_f32(a1 + c), x2 = load_f32(a2 + c);
-#pragma GCC unroll 8
-    for (int h = 0; h < RH; ++h) {
-      const fVec bh = fVec::loadu(b + h * kVL);
-      acc[h] = at::vec::fmadd(x0, bh, acc[h]);
-      acc[RH + h] = at::vec::fmadd(x1, bh, acc[RH + h]);
-      acc[2 * RH + h] = at::vec::fmadd(x2, bh, acc[2 * RH + h]);
-    }
-  }
-  if (c < K) {
-    const fVec x0 = load_f32(a0 + c, K - c), x1 = load_f32(a1 + c, K - c), x2 = load_f32(a2 + c, K - c);
-#pragma GCC unroll 8
-    for (int h = 0; h < RH; ++h) {
-      const fVec bh = fVec::loadu(b + h * kVL);
-      acc[h] = at::vec::fmadd(x0, bh, acc[h]);
-      acc[RH + h] = at::vec::fmadd(x1, bh, acc[RH + h]);
-      acc[2 * RH + h] = at::vec::fmadd(x2, bh, acc[2 * RH + h]);
-    }
-  }
+  for (; c + kVL <= K; c += kVL, b += chunk_stride) step(load_f32(a0 + c), load_f32(a1 + c), load_f32(a2 + c));
+  if (c < K) step(load_f32(a0 + c, K - c), load_f32(a1 + c, K - c), load_f32(a2 + c, K - c));  // tail: zeros past K
   const fVec lo[kVL] = {acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]};
   reduce_lanes(lo).store(out);
   const fVec z(0.f);
@@ -267,8 +250,8 @@ DCP_INLINE void dot_triple(int64_t K, const TA* a0, const TA* a1, const TA* a2, 
 }
 
 // C[i * ldc + n] = A_i . B_n for i < M, n < N, with B packed by pack_nt and A a view with contiguous rows. B rows are
-// taken kVL / 2 at a time against pairs of A rows (dot_pair); fewer than kVL / 2 B rows left are paired with as many
-// A rows as fill the lanes.
+// taken kVL / 2 at a time against threes of A rows (dot_triple, AVX2) and then pairs (dot_pair); fewer than kVL / 2
+// B rows left are paired with as many A rows as fill the lanes.
 template <typename MA, typename Hook = NoHook>
 inline void gemm_nt(int64_t M, int64_t N, int64_t K, const MA& A, const float* bp, float* C, int64_t ldc,
                     Hook&& hook = Hook{}) {
