@@ -28,6 +28,7 @@ TORCH_LIBRARY_IMPL(dcp_ops, CPU, m) {
 #ifdef DCP_OPS_WITH_CUDA
 TORCH_LIBRARY_IMPL(dcp_ops, CUDA, m) {
   m.impl("gqa_decode_partial", &dcp_ops::gqa_decode_partial_cuda);
+  m.impl("mla_decode_partial", &dcp_ops::mla_decode_partial_cuda);
   m.impl("merge_partials", &dcp_ops::merge_partials_cuda);
   m.impl("correct_partial", &dcp_ops::correct_partial_cuda);
   m.impl("pack_exchange", &dcp_ops::pack_exchange_cuda);

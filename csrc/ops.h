@@ -44,6 +44,10 @@ void write_kv_cpu(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mappin
 // CUDA launchers (csrc/cuda/*.cu; also built for the SIMT executor in tests/simt).
 std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                                    const Tensor& block_table, const Tensor& seq_lens, double scale);
+std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
+                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
+                                                   const std::optional<Tensor>& w_uk,
+                                                   const std::optional<Tensor>& w_uv);
 std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor& lses, double lse_base);
 Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
 void pack_exchange_cuda(const Tensor& out, const Tensor& lse, Tensor& send);

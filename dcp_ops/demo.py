@@ -3,6 +3,8 @@
 Every rank builds the same unsharded paged cache, keeps only its shard (dcp_ops.shard_kv), and runs dcp_attention in
 every mode for a DeepSeek-V3-shaped MLA layer (128 heads, 512 + 64 latent, w_uk / w_uv) and a GQA layer. Each rank
 checks its heads against the float64 reference over the *unsharded* cache; rank 0 prints the table.
+--device cpu: N CPU processes over gloo. --device cuda: one process per GPU over NCCL (the shard, queries and
+weights move to the rank's GPU; the reference stays on the CPU). Both run the same code below.
 """
 import argparse
 import os
@@ -18,6 +20,7 @@ import dcp_ops
 from dcp_ops import reference as ref
 
 NAN = float("nan")
+MLA_HEADS = 128  # DeepSeek-V3
 
 
 def _paged(lens, block_size, entry, dtype, gen):
@@ -39,7 +42,7 @@ def _layers(args, world, dtype):
     B, L = args.batch, args.context
     lens = [L - 37 * b for b in range(B)]  # ragged lengths, none a multiple of the block size
     layers = []
-    H, latent, rope, d_nope, d_v = 128, 512, 64, 128, 128
+    H, latent, rope, d_nope, d_v = MLA_HEADS, 512, 64, 128, 128
     kv, table = _paged(lens, 64, (latent + rope,), dtype, gen)
     w_uk = (torch.randn(H, d_nope, latent, generator=gen) * d_nope ** -0.5).to(dtype)
     w_uv = (torch.randn(H, latent, d_v, generator=gen) * latent ** -0.5).to(dtype)
@@ -74,39 +77,56 @@ def _reference(layer, heads):
                                   layer["scale"], w_uk, w_uv)[0]
 
 
+def _backend(args, rank):
+    """(process-group backend, this rank's device)."""
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+        return "nccl", torch.device("cuda", rank)
+    return "gloo", torch.device("cpu")
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _worker(rank, world, init_file, args, results):
     torch.set_num_threads(max(1, args.threads))
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    backend, dev = _backend(args, rank)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     dtype = getattr(torch, args.dtype)
     rows = []
     for layer in _layers(args, world, dtype):
         seq_lens = torch.tensor(layer["lens"], dtype=torch.int32)
-        local = dcp_ops.local_seq_lens(seq_lens, world, rank, args.interleave)
-        shards = [dcp_ops.shard_kv(c, layer["table"], seq_lens, world, args.interleave, fill=NAN)[rank]
+        local = dcp_ops.local_seq_lens(seq_lens, world, rank, args.interleave).to(dev)
+        shards = [dcp_ops.shard_kv(c, layer["table"], seq_lens, world, args.interleave, fill=NAN)[rank].to(dev)
                   for c in layer["cache"]]
+        table = layer["table"].to(dev)
         if layer["kind"] == "gqa":
-            shard = dcp_ops.GQAShard(shards[0], shards[1], layer["table"], local, layer["scale"])
+            shard = dcp_ops.GQAShard(shards[0], shards[1], table, local, layer["scale"])
         else:
-            shard = dcp_ops.MLAShard(shards[0], layer["table"], local, layer["scale"], layer["rope"], layer["w_uk"],
-                                     layer["w_uv"])
+            w_uk, w_uv = (w.to(dev) if w is not None else None for w in (layer["w_uk"], layer["w_uv"]))
+            shard = dcp_ops.MLAShard(shards[0], table, local, layer["scale"], layer["rope"], w_uk, w_uv)
         H = layer["q"].shape[1]
         h_loc = H // world
         mine = slice(rank * h_loc, (rank + 1) * h_loc)
         expected = _reference(layer, mine)
-        q_loc = layer["q"][:, mine].contiguous()
+        q_loc = layer["q"][:, mine].contiguous().to(dev)
         ws = dcp_ops.Workspace()
         for mode in dcp_ops.distributed.MODES:
             times = []
             for _ in range(args.steps):
                 dist.barrier()
+                _sync(dev)
                 t0 = time.perf_counter()
                 out = dcp_ops.dcp_attention(q_loc, shard, mode=mode, workspace=ws)
+                _sync(dev)
                 times.append(time.perf_counter() - t0)
-            got = out[:, mine] if mode == "ag" else out
+            got = (out[:, mine] if mode == "ag" else out).cpu()
             err = (got.double() - expected).abs().max()
-            worst = torch.tensor([err.item()])
+            worst = torch.tensor([err.item()], device=dev)
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-            tmed = torch.tensor([statistics.median(times)])
+            tmed = torch.tensor([statistics.median(times)], device=dev)
             dist.all_reduce(tmed, op=dist.ReduceOp.MAX)
             full_kv = sum(layer["lens"]) * layer["row_bytes"]
             kv_rank = int(local.sum()) * layer["row_bytes"]
@@ -128,7 +148,8 @@ def _fmt_bytes(n):
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dcp_ops demo", description=__doc__)
-    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks (default: 4 on cpu; every visible GPU, at most 4, on cuda)")
     p.add_argument("--context", type=int, default=16384, help="tokens per sequence (before sharding)")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--interleave", type=int, default=1)
@@ -136,16 +157,30 @@ def main(argv=None):
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) // 4))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", choices=["cpu"],
-                   help="cpu ranks over gloo (the CUDA path of dcp_attention exists only for merge_partials yet)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cpu: CPU ranks over gloo; cuda: one rank per GPU over NCCL")
     args = p.parse_args(argv)
+    if args.device == "cuda":
+        gpus = torch.cuda.device_count()
+        if gpus == 0:
+            p.error("--device cuda: no CUDA device is visible")
+        if args.world_size is None:
+            args.world_size = min(4, gpus)
+        if args.world_size > gpus:
+            p.error(f"--device cuda runs one rank per GPU: --world-size {args.world_size} needs that many GPUs, "
+                    f"{gpus} visible")
+    elif args.world_size is None:
+        args.world_size = 4
+    if args.world_size < 1 or MLA_HEADS % args.world_size:
+        p.error(f"--world-size must divide the MLA layer's {MLA_HEADS} heads among the ranks, got {args.world_size}")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
         results = manager.list()
         mp.spawn(_worker, args=(args.world_size, os.path.join(d, "store"), args, results), nprocs=args.world_size)
         rows = list(results)
     tol = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 4e-3}[args.dtype]
-    print(f"DCP decode on {args.world_size} CPU ranks (gloo), {args.dtype}, batch {args.batch}, context up to "
+    where = "CPU ranks (gloo)" if args.device == "cpu" else "GPU ranks (NCCL)"
+    print(f"DCP decode on {args.world_size} {where}, {args.dtype}, batch {args.batch}, context up to "
           f"{args.context} tokens, interleave {args.interleave}; reference: float64 attention over the unsharded cache")
     hdr = f"{'layer':<22} {'mode':<6} {'max |err|':>10} {'KV/rank':>11} {'KV if TP':>11} {'sent/rank':>11} {'ms/step':>8}"
     print(hdr)

@@ -53,3 +53,34 @@ def test_write_kv_on_gpu():
     dcp_ops.write_kv(cache, new, slots)
     expected = ref.write_kv(torch.zeros(4, 8, 2, 64), new.cpu(), torch.tensor([0, -1, 31, 9, -1]))
     assert torch.equal(cache.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("absorb,up", [(True, True), (False, False), (True, False)])
+@pytest.mark.parametrize("heads,rope", [(128, 64), (16, 64), (5, 0)])
+def test_mla_decode_on_gpu(dtype, absorb, up, heads, rope):
+    gen = torch.Generator().manual_seed(heads + rope + 2 * absorb + up)
+    lens = [0, 37, 1000, 4097]
+    latent, d_nope, d_v = 512, 128, 128
+    kv, table = paged_cache(lens, 64, (latent + rope,), dtype, gen)
+    w_uk = randn(heads, d_nope, latent, dtype=dtype, gen=gen, scale=d_nope ** -0.5) if absorb else None
+    w_uv = randn(heads, latent, d_v, dtype=dtype, gen=gen, scale=latent ** -0.5) if up else None
+    q_nope = randn(len(lens), heads, d_nope if absorb else latent, dtype=dtype, gen=gen)
+    q_pe = randn(len(lens), heads, rope, dtype=dtype, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    scale = (d_nope + rope) ** -0.5
+    cuda = [x.cuda() if x is not None else None for x in (q_nope, q_pe, kv, table, seq_lens)]
+    out, lse = dcp_ops.mla_decode_partial(*cuda[:5], scale, w_uk.cuda() if absorb else None,
+                                          w_uv.cuda() if up else None)
+    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
+    assert out.shape == r_out.shape and out.dtype == dtype
+    assert_matches(out.cpu(), r_out, dtype, "out")
+    assert_lse_matches(lse.cpu(), r_lse, "lse")
+
+
+def test_demo_on_gpu_ranks_over_nccl(capsys):
+    from dcp_ops import demo
+    world = min(4, torch.cuda.device_count())
+    assert demo.main(["--device", "cuda", "--world-size", str(world), "--context", "4096", "--steps", "2",
+                      "--dtype", "bfloat16"]) == 0
+    assert f"DCP decode on {world} GPU ranks (NCCL)" in capsys.readouterr().out

@@ -13,7 +13,9 @@ ARCHS = ["sm_80", "sm_90a", "sm_100a"]
 
 INSTANTIATE = """
 #include "kernels/gqa_decode.cuh"
+#include "kernels/head_project.cuh"
 #include "kernels/merge.cuh"
+#include "kernels/mla_decode.cuh"
 #include "kernels/write_kv.cuh"
 // The launchers instantiate every kernel variant they can pick (16-byte packs and scalar, each head tile).
 namespace dcp_ops::kernels {
@@ -24,10 +26,15 @@ template <typename T> void all(cudaStream_t s) {
   correct_partial<T>(CorrectParams{}, s);
   pack_exchange<T>(PackParams{}, s);
   gqa_split<T>(GqaParams{}, s);
+  for (int latent : {128, 256, 512})
+    for (int rope : {0, 64}) mla_split<T>(MlaParams{}, latent, rope, s);
+  head_project<T, T, float>(ProjectParams{}, s);
+  head_project<float, T, T>(ProjectParams{}, s);
 }
 template void all<float>(cudaStream_t);
 template void all<__nv_bfloat16>(cudaStream_t);
 template void all<__half>(cudaStream_t);
+template cudaError_t merge<float, float>(const MergeParams&, cudaStream_t);
 cudaError_t write_kv_entry(cudaStream_t s) { return write_kv(WriteKvParams{}, s); }
 }
 """
@@ -62,7 +69,8 @@ def test_kernels_have_no_spills_or_stack(compiled):
     arch, report, _ = compiled
     kernels = re.findall(r"Compiling entry function '(\w+)'", report)
     names = " ".join(kernels)
-    for family in ("merge_kernel", "correct_kernel", "pack_kernel", "write_kv_kernel", "gqa_split_kernel"):
+    for family in ("merge_kernel", "correct_kernel", "pack_kernel", "write_kv_kernel", "gqa_split_kernel",
+                   "mla_split_kernel", "head_project_kernel"):
         assert family in names, f"{arch}: {family} not compiled: {names}"
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", report)]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
@@ -80,12 +88,14 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
     checked = 0
     for fn in functions[1:]:
         name = fn.split("\n", 1)[0]
-        # the 16-byte-pack instantiations: VEC = 4 (fp32) or 8 (16-bit) for merge, every GQA variant
+        # the 16-byte-pack instantiations: VEC = 4 (fp32) or 8 (16-bit) for merge, every GQA variant, MLA with a
+        # latent of 256 or 512 (128 gives 16-bit types 8-byte packs)
         wide = ("gqa_split_kernel" in name) or (
-            "merge_kernel" in name and re.search(r"Li(4|8)E", name) is not None)
+            "merge_kernel" in name and re.search(r"Li(4|8)E", name) is not None) or (
+            "mla_split_kernel" in name and re.search(r"Li(256|512)E", name) is not None)
         if not wide:
             continue
         checked += 1
         assert re.search(r"LDG\.E\.128", fn) or re.search(r"LDG\.E\.(?:EL\.)?128", fn), \
             f"{arch}: no 128-bit global load in {name}"
-    assert checked >= 10, f"{arch}: only {checked} wide kernels found in the SASS"
+    assert checked >= 22, f"{arch}: only {checked} wide kernels found in the SASS"

@@ -145,3 +145,54 @@ def test_gqa_decode_cuda_source(simt_ops, dtype, head_dim, group, hkv, block_siz
     r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
     assert_matches(out, r_out, dtype, "out (GQA CUDA source)")
     assert_lse_matches(lse, r_lse, "lse (GQA CUDA source)")
+
+
+def _mla_case(T_lens, heads, latent, rope, absorb, up, block_size, dtype, gen):
+    from conftest import paged_cache, randn
+    kv, table = paged_cache(T_lens, block_size, (latent + rope,), dtype, gen)
+    T, d_nope, d_v = len(T_lens), 48, 40  # odd projection widths: partial column tiles in head_project
+    w_uk = randn(heads, d_nope, latent, dtype=dtype, gen=gen, scale=d_nope ** -0.5) if absorb else None
+    w_uv = randn(heads, latent, d_v, dtype=dtype, gen=gen, scale=latent ** -0.5) if up else None
+    q_nope = randn(T, heads, d_nope if absorb else latent, dtype=dtype, gen=gen)
+    q_pe = randn(T, heads, rope, dtype=dtype, gen=gen)
+    return q_nope, q_pe, kv, table, torch.tensor(T_lens, dtype=torch.int32), (latent + rope) ** -0.5, w_uk, w_uv
+
+
+@settings(max_examples=10, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), dims=st.sampled_from([(512, 64), (256, 0), (128, 64)]),
+       heads=st.integers(1, 6), absorb=st.booleans(), up=st.booleans(), block_size=st.sampled_from([1, 16]),
+       lens=st.lists(st.integers(0, 40), min_size=1, max_size=2), seed=st.integers(0, 2**31 - 1))
+def test_mla_decode_cuda_source(simt_ops, dtype, dims, heads, absorb, up, block_size, lens, seed):
+    args = _mla_case(lens, heads, *dims, absorb, up, block_size, dtype, torch.Generator().manual_seed(seed))
+    out, lse = simt_ops.mla_decode_partial(*args)
+    r_out, r_lse = ref.mla_decode_partial(*args)
+    assert out.shape == r_out.shape and out.dtype == dtype
+    assert_matches(out, r_out, dtype, "out (MLA CUDA source)")
+    assert_lse_matches(lse, r_lse, "lse (MLA CUDA source)")
+
+
+def test_mla_decode_cuda_source_many_tokens_and_splits(simt_ops):
+    # 11 queries: two token tiles of head_project; 700 tokens of capacity: two KV splits merged by merge_kernel
+    lens = [700, 0, 3, 17, 64, 65, 1, 2, 40, 699, 5]
+    args = _mla_case(lens, 5, 128, 64, True, True, 64, torch.float32, torch.Generator().manual_seed(7))
+    out, lse = simt_ops.mla_decode_partial(*args)
+    r_out, r_lse = ref.mla_decode_partial(*args)
+    assert_matches(out, r_out, torch.float32, "out (MLA CUDA source)")
+    assert_lse_matches(lse, r_lse, "lse (MLA CUDA source)")
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == -math.inf).all())
+
+
+def test_mla_decode_cuda_source_rejects_unsupported_dims(simt_ops):
+    args = _mla_case([5], 2, 96, 64, False, False, 16, torch.float32, torch.Generator().manual_seed(1))
+    with pytest.raises(RuntimeError, match="D_latent 128, 256 or 512 and rope dim 0 or 64, got 96 \\+ 64"):
+        simt_ops.mla_decode_partial(*args)
+
+
+def test_decode_cuda_sources_take_an_empty_batch(simt_ops):
+    args = _mla_case([], 3, 128, 64, True, True, 16, torch.float32, torch.Generator().manual_seed(1))
+    out, lse = simt_ops.mla_decode_partial(*args)
+    assert out.shape == (0, 3, 40) and lse.shape == (0, 3)
+    k = torch.randn(4, 16, 1, 64)
+    out, lse = simt_ops.gqa_decode_partial(torch.randn(0, 2, 64), k, k, torch.zeros(0, 1, dtype=torch.int32),
+                                           torch.zeros(0, dtype=torch.int32), 0.1)
+    assert out.shape == (0, 2, 64) and lse.shape == (0, 2)

@@ -92,6 +92,51 @@ def gqa_rows(copy_bw):
     return rows
 
 
+def flashinfer_mla_ms(sets, H, latent, rope, bs, scale):
+    """FlashInfer's MLA paged decode (absorbed query, latent output) on the same inputs, or None with the reason."""
+    try:
+        import flashinfer
+        q_nope, q_pe, kv, table, lens = sets[0][:5]
+        B, nblk = table.shape
+        ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws)
+        dev = dict(device="cuda", dtype=torch.int32)
+        wrapper.plan(torch.arange(B + 1, **dev), torch.arange(0, B * nblk + 1, nblk, **dev), table.flatten(), lens,
+                     H, latent, rope, bs, False, scale, q_nope.dtype, kv.dtype)
+        return cuda_time(lambda qn, qp, c, *_: wrapper.run(qn, qp, c[..., :latent], c[..., latent:]), sets)
+    except Exception as e:
+        print(f"flashinfer MLA baseline not run: {type(e).__name__}: {e}")
+        return None
+
+
+def mla_rows(copy_bw):
+    """DeepSeek-V3 shapes (128 heads, 512 + 64): latent query (the FlashInfer comparison), and w_uk + w_uv fused."""
+    rows = []
+    H, latent, rope, d_nope, d_v, bs = 128, 512, 64, 128, 128, 64
+    for fused in (False, True):
+        for B, L in ((1, 32768), (16, 32768), (64, 8192)):
+            nblk = L // bs
+            kv_bytes = B * L * (latent + rope) * 2
+            sets = []
+            for _ in range(enough_sets(kv_bytes)):
+                kv = torch.randn(B * nblk, bs, latent + rope, device="cuda", dtype=torch.bfloat16)
+                table = torch.randperm(B * nblk, device="cuda", dtype=torch.int32).view(B, nblk)
+                q_nope = torch.randn(B, H, d_nope if fused else latent, device="cuda", dtype=torch.bfloat16)
+                w = (torch.randn(H, d_nope, latent, device="cuda", dtype=torch.bfloat16) * d_nope ** -0.5,
+                     torch.randn(H, latent, d_v, device="cuda", dtype=torch.bfloat16) * latent ** -0.5) if fused \
+                    else (None, None)
+                sets.append((q_nope, torch.randn(B, H, rope, device="cuda", dtype=torch.bfloat16), kv, table,
+                             torch.full((B,), L, device="cuda", dtype=torch.int32), *w))
+            scale = (d_nope + rope) ** -0.5
+            ms = cuda_time(lambda *a: dcp_ops.mla_decode_partial(*a[:5], scale, *a[5:]), sets)
+            gbs = kv_bytes / ms / 1e6
+            flops = 2 * B * H * L * (2 * latent + rope)
+            rows.append(dict(op="mla_decode_partial" + (" w_uk+w_uv" if fused else ""), dtype="bfloat16", B=B, L=L,
+                             ms=ms, GBps=gbs, TFLOPs=flops / ms / 1e9, copy_fraction=gbs / copy_bw,
+                             flashinfer_ms=None if fused else flashinfer_mla_ms(sets, H, latent, rope, bs, scale)))
+    return rows
+
+
 def merge_rows(copy_bw):
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
@@ -115,12 +160,14 @@ def main():
         return 2
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name(0)}: measured copy bandwidth {bw:.0f} GB/s")
-    rows = gqa_rows(bw) + merge_rows(bw)
-    print(f"{'op':<20} {'dtype':<9} {'B/T':>4} {'L/N':>6} {'ms':>8} {'GB/s':>7} {'of copy':>7} {'flashinfer ms':>13}")
+    rows = gqa_rows(bw) + mla_rows(bw) + merge_rows(bw)
+    print(f"{'op':<28} {'dtype':<9} {'B/T':>4} {'L/N':>6} {'ms':>8} {'GB/s':>7} {'of copy':>7} {'TFLOP/s':>7} "
+          f"{'flashinfer ms':>13}")
     for r in rows:
         fi = f"{r['flashinfer_ms']:>13.3f}" if r["flashinfer_ms"] is not None else f"{'-':>13}"
-        print(f"{r['op']:<20} {r['dtype']:<9} {r['B']:>4} {r['L']:>6} {r['ms']:>8.3f} {r['GBps']:>7.0f} "
-              f"{r['copy_fraction']:>7.2f} {fi}")
+        tf = f"{r['TFLOPs']:>7.1f}" if "TFLOPs" in r else f"{'-':>7}"
+        print(f"{r['op']:<28} {r['dtype']:<9} {r['B']:>4} {r['L']:>6} {r['ms']:>8.3f} {r['GBps']:>7.0f} "
+              f"{r['copy_fraction']:>7.2f} {tf} {fi}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(0), copy_GBps=bw, rows=rows), f, indent=1)

@@ -17,6 +17,9 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
                   reinterpret_cast<uintptr_t>(k_cache.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(v_cache.data_ptr()) % 16 == 0,
               "gqa_decode_partial: on CUDA the cache rows must be 16-byte aligned, got strides ", k_cache.strides());
+  Tensor out = new_output({d.T, d.Hq, d.Dv}, q.options());
+  Tensor lse = new_output({d.T, d.Hq}, q.options().dtype(at::kFloat));
+  if (d.T == 0 || d.Hq == 0) return {out, lse};  // an empty grid is a launch error
   const int64_t capacity = d.max_blocks * d.block_size;
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + 511) / 512));
   const int64_t per_split = std::max<int64_t>(1, (capacity + splits - 1) / splits);
@@ -32,8 +35,6 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
                        static_cast<int>(splits), static_cast<int>(per_split),
                        static_cast<float>(scale * 1.4426950408889634), part_o.data_ptr<float>(),
                        part_lse.data_ptr<float>()};
-  Tensor out = new_output({d.T, d.Hq, d.Dv}, q.options());
-  Tensor lse = new_output({d.T, d.Hq}, f32);
   const kernels::MergeParams m{part_o.data_ptr(), d.T * d.Hq * d.Dv, d.Hq * d.Dv, d.Dv,
                                {part_lse.data_ptr<float>(), d.T * d.Hq, d.Hq, 1},
                                out.data_ptr(), d.Hq * d.Dv, d.Dv, lse.data_ptr<float>(), d.Hq, 1,

@@ -8,6 +8,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/merge.cuh"
+#include "kernels/split_kv.cuh"
 
 namespace dcp_ops::kernels {
 
@@ -29,13 +30,6 @@ struct GqaParams {
 
 constexpr int kGqaWarps = 4;
 
-template <int LANES>
-__device__ __forceinline__ float group_sum(float x) {  // sum over aligned groups of LANES lanes
-#pragma unroll
-  for (int o = LANES / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
 // LANES lanes cover one token's row, each NC packs of VEC elements; 32 / LANES tokens per warp step.
 template <typename T, int VEC, int LANES, int NC, int GT>
 __global__ void gqa_split_kernel(GqaParams p) {
@@ -45,10 +39,8 @@ __global__ void gqa_split_kernel(GqaParams p) {
   const int kvh = tile / tiles, g0 = (tile % tiles) * GT, ng = min(GT, G - g0);
   const int D = p.D;
   DCP_DYNAMIC_SMEM(float, smem);
-  float* qs = smem;                       // [GT][D] scaled query
-  float* sm_m = qs + GT * D;              // [SLOTS][GT]
-  float* sm_l = sm_m + SLOTS * GT;        // [SLOTS][GT]
-  float* sm_o = sm_l + SLOTS * GT;        // [SLOTS][GT][D]
+  float* qs = smem;                             // [GT][D] scaled query
+  const SlotState st(qs + GT * D, SLOTS, GT);   // token streams' softmax states
   for (int i = threadIdx.x; i < GT * D; i += blockDim.x) {
     const int g = i / D, d = i % D;
     qs[i] = g < ng ? to_f32(static_cast<const T*>(p.q)[t * p.q_st + (kvh * G + g0 + g) * p.q_sh + d]) * p.scale_log2
@@ -62,13 +54,9 @@ __global__ void gqa_split_kernel(GqaParams p) {
   for (int g = 0; g < GT; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.f;
+    lane_columns<NC, VEC, LANES>(qs + g * D, sl, qr[g]);
 #pragma unroll
-    for (int c = 0; c < NC; ++c)
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        qr[g][c * VEC + e] = qs[g * D + (c * LANES + sl) * VEC + e];
-        acc[g][c * VEC + e] = 0.f;
-      }
+    for (int w = 0; w < W; ++w) acc[g][w] = 0.f;
   }
   int len = p.seq_lens[t];
   len = max(0, min(len, p.max_blocks * p.block_size));
@@ -101,51 +89,16 @@ __global__ void gqa_split_kernel(GqaParams p) {
 #pragma unroll
       for (int w = 0; w < W; ++w) s += qr[g][w] * kf[w];
       s = group_sum<LANES>(s);
-      if (!valid) continue;
-      const float m_new = fmaxf(m[g], s);
-      const float a = exp2f(m[g] - m_new), pw = exp2f(s - m_new);
-      l[g] = l[g] * a + pw;
-#pragma unroll
-      for (int w = 0; w < W; ++w) acc[g][w] = acc[g][w] * a + pw * vf[w];
-      m[g] = m_new;
+      if (valid) online_update<W>(s, vf, m[g], l[g], acc[g]);
     }
   }
-  // Combine the SLOTS token streams of the block through shared memory.
-#pragma unroll
-  for (int g = 0; g < GT; ++g) {
-    if (sl == 0) {
-      sm_m[slot * GT + g] = m[g];
-      sm_l[slot * GT + g] = l[g];
-    }
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) sm_o[(slot * GT + g) * D + (c * LANES + sl) * VEC + e] = acc[g][c * VEC + e];
-  }
+  store_slot<GT, NC, VEC, LANES>(st, slot, sl, D, m, l, acc);
   __syncthreads();
-  for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    float mx = -INFINITY;
-    for (int s = 0; s < SLOTS; ++s) mx = fmaxf(mx, sm_m[s * GT + g]);
-    const int64_t h = kvh * G + g0 + g;
-    float* o = p.part_o + ((static_cast<int64_t>(split) * p.T + t) * p.Hq + h) * D;
-    if (mx == -INFINITY) {
-      o[d] = 0.f;
-      if (d == 0) p.part_lse[(static_cast<int64_t>(split) * p.T + t) * p.Hq + h] = -INFINITY;
-      continue;
-    }
-    float total = 0.f, sum = 0.f;
-    for (int s = 0; s < SLOTS; ++s) {
-      const float w = sm_m[s * GT + g] == -INFINITY ? 0.f : exp2f(sm_m[s * GT + g] - mx);
-      total += w * sm_l[s * GT + g];
-      sum += w * sm_o[(s * GT + g) * D + d];
-    }
-    o[d] = sum / total;
-    if (d == 0) p.part_lse[(static_cast<int64_t>(split) * p.T + t) * p.Hq + h] = (mx + log2f(total)) * 0.69314718f;
-  }
+  const int64_t row = (static_cast<int64_t>(split) * p.T + t) * p.Hq + kvh * G + g0;
+  combine_slots(st, SLOTS, GT, ng, D, p.part_o + row * D, p.part_lse + row);
 }
 
-inline int gqa_smem_bytes(int GT, int D, int slots) { return (GT * D + 2 * slots * GT + slots * GT * D) * 4; }
+inline int gqa_smem_bytes(int GT, int D, int slots) { return GT * D * 4 + slot_smem_bytes(slots, GT, D); }
 
 template <typename T, int VEC, int LANES, int NC, int GT>
 cudaError_t gqa_launch(const GqaParams& p, cudaStream_t stream) {

@@ -6,6 +6,7 @@
 #include "cuda/launch.h"
 #include "cuda/gqa_decode.cu"
 #include "cuda/merge.cu"
+#include "cuda/mla_decode.cu"
 #include "cuda/write_kv.cu"
 #include "selftest_kernels.cuh"
 
@@ -50,6 +51,8 @@ static Tensor divergent_barrier() {
 TORCH_LIBRARY(dcp_ops_simt, m) {
   m.def("gqa_decode_partial(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
         "float scale) -> (Tensor, Tensor)", &dcp_ops::gqa_decode_partial_cuda);
+  m.def("mla_decode_partial(Tensor q_nope, Tensor q_pe, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
+        "float scale, Tensor? w_uk=None, Tensor? w_uv=None) -> (Tensor, Tensor)", &dcp_ops::mla_decode_partial_cuda);
   m.def("merge_partials(Tensor outs, Tensor lses, float lse_base) -> (Tensor, Tensor)", &dcp_ops::merge_partials_cuda);
   m.def("correct_partial(Tensor(a!) out, Tensor lses, int rank, float lse_base) -> Tensor",
         &dcp_ops::correct_partial_cuda);

@@ -1,0 +1,83 @@
+// CUDA launcher of mla_decode_partial: query staging (w_uk absorption and scale, head_project), the split-KV pass,
+// the merge of the splits, and the optional w_uv up-projection (head_project). No host synchronisation: the split
+// count comes from the block table's capacity, never from seq_lens' values.
+#include "cuda/launch.h"
+#include "kernels/head_project.cuh"
+#include "kernels/merge.cuh"
+#include "kernels/mla_decode.cuh"
+#include "ops.h"
+
+namespace dcp_ops {
+
+namespace {
+// Project x [T, H, K] by w [H, K, N] (or copy it, w absent) into y at element strides (y_st, y_sh), times scale.
+template <typename TX, typename TW, typename TY>
+cudaError_t project(const Tensor& x, const std::optional<Tensor>& w, void* y, int64_t y_st, int64_t y_sh,
+                    int64_t N, float scale) {
+  const Tensor wc = !w.has_value() || w->stride(2) == 1 ? w.value_or(Tensor()) : w->contiguous();
+  const kernels::ProjectParams p{x.data_ptr(), x.stride(0), x.stride(1),
+                                 wc.defined() ? wc.data_ptr() : nullptr, wc.defined() ? wc.stride(0) : 0,
+                                 wc.defined() ? wc.stride(1) : 0, y, y_st, y_sh,
+                                 static_cast<int>(x.size(0)), static_cast<int>(x.size(1)),
+                                 static_cast<int>(x.size(2)), static_cast<int>(N), scale};
+  return kernels::head_project<TX, TW, TY>(p, current_stream());
+}
+}  // namespace
+
+std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
+                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
+                                                   const std::optional<Tensor>& w_uk,
+                                                   const std::optional<Tensor>& w_uv) {
+  const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv);
+  DCP_CUDA_GUARD(q_nope);
+  const int64_t latent = d.Dv, rope = q_pe.size(2), es = q_nope.element_size();
+  TORCH_CHECK(kernels::mla_supported_dims(static_cast<int>(latent), static_cast<int>(rope)),
+              "mla_decode_partial: the CUDA kernel takes D_latent 128, 256 or 512 and rope dim 0 or 64, got ",
+              latent, " + ", rope);
+  TORCH_CHECK(q_nope.size(2) <= kernels::kProjectMaxK, "mla_decode_partial: on CUDA q_nope's last dim must be at most ",
+              kernels::kProjectMaxK, ", got ", q_nope.size(2));
+  TORCH_CHECK(kv_cache.stride(0) % (16 / es) == 0 && kv_cache.stride(1) % (16 / es) == 0 &&
+                  reinterpret_cast<uintptr_t>(kv_cache.data_ptr()) % 16 == 0,
+              "mla_decode_partial: on CUDA the cache rows must be 16-byte aligned, got strides ", kv_cache.strides());
+  const int64_t d_out = w_uv.has_value() ? w_uv->size(2) : latent, DK = latent + rope;
+  auto f32 = q_nope.options().dtype(at::kFloat);
+  Tensor out = new_output({d.T, d.Hq, d_out}, q_nope.options());
+  Tensor lse = new_output({d.T, d.Hq}, f32);
+  if (d.T == 0 || d.Hq == 0) return {out, lse};
+  const int64_t capacity = d.max_blocks * d.block_size;
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + 511) / 512));
+  const int64_t per_split = std::max<int64_t>(1, (capacity + splits - 1) / splits);
+  Tensor q32 = new_output({d.T, d.Hq, DK}, f32);
+  Tensor part_o = new_output({splits, d.T, d.Hq, latent}, f32);
+  Tensor part_lse = new_output({splits, d.T, d.Hq}, f32);
+  Tensor merged = w_uv.has_value() ? new_output({d.T, d.Hq, latent}, f32) : out;
+  const kernels::MlaParams p{q32.data_ptr<float>(), kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1),
+                             block_table.data_ptr<int32_t>(), block_table.stride(0), seq_lens.data_ptr<int32_t>(),
+                             static_cast<int>(d.T), static_cast<int>(d.Hq), static_cast<int>(d.num_blocks),
+                             static_cast<int>(d.block_size), static_cast<int>(d.max_blocks),
+                             static_cast<int>(splits), static_cast<int>(per_split), part_o.data_ptr<float>(),
+                             part_lse.data_ptr<float>()};
+  const kernels::MergeParams m{part_o.data_ptr(), d.T * d.Hq * latent, d.Hq * latent, latent,
+                               {part_lse.data_ptr<float>(), d.T * d.Hq, d.Hq, 1},
+                               merged.data_ptr(), d.Hq * latent, latent, lse.data_ptr<float>(), d.Hq, 1,
+                               static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
+                               static_cast<int>(latent), 1.f};
+  const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  const cudaError_t err = DCP_DISPATCH_FLOAT(q_nope.scalar_type(), "mla_decode_partial", [&] {
+    float* qp = q32.data_ptr<float>();
+    cudaError_t e = project<scalar_t, scalar_t, float>(q_nope, w_uk, qp, d.Hq * DK, DK, latent, scale_log2);
+    if (e == cudaSuccess && rope > 0)
+      e = project<scalar_t, scalar_t, float>(q_pe, std::nullopt, qp + latent, d.Hq * DK, DK, rope, scale_log2);
+    if (e == cudaSuccess) e = kernels::mla_split<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope),
+                                                           current_stream());
+    if (!w_uv.has_value()) return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
+    if (e == cudaSuccess) e = kernels::merge<float, float>(m, current_stream());
+    return e != cudaSuccess ? e
+                            : project<float, scalar_t, scalar_t>(merged, w_uv, out.data_ptr(), d.Hq * d_out, d_out,
+                                                                 d_out, 1.f);
+  });
+  DCP_CHECK_LAUNCH(err, "mla_decode_partial");
+  return {out, lse};
+}
+
+}  // namespace dcp_ops

@@ -1,0 +1,34 @@
+"""The main job (python -m dcp_ops demo): a small run on CPU ranks agrees with unsharded attention; bad options fail
+with a message. The same run on GPU ranks over NCCL is in tests/test_cuda.py."""
+import re
+
+import pytest
+import torch
+
+from dcp_ops import demo
+
+
+def test_demo_runs_on_cpu_ranks_and_checks_itself(capsys):
+    assert demo.main(["--world-size", "2", "--context", "300", "--batch", "2", "--steps", "1", "--threads", "1",
+                      "--interleave", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "DCP decode on 2 CPU ranks (gloo)" in text and "all modes agree with unsharded attention" in text
+    rows = [line for line in text.splitlines() if line.startswith(("MLA", "GQA"))]
+    assert len(rows) == 9  # three layers x three modes
+    for row in rows:
+        err = re.search(r" (\d\.\d\de[-+]\d+) ", row)  # the max |err| column
+        assert err is not None and float(err.group(1)) <= 2e-5, row
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 0, reason="this machine has a GPU: the error path does not apply")
+def test_demo_on_cuda_without_a_gpu_says_so(capsys):
+    with pytest.raises(SystemExit):
+        demo.main(["--device", "cuda"])
+    assert "no CUDA device is visible" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("world", [0, 3])
+def test_demo_rejects_a_world_size_that_does_not_divide_the_heads(capsys, world):
+    with pytest.raises(SystemExit):
+        demo.main(["--world-size", str(world)])
+    assert f"--world-size must divide the MLA layer's 128 heads among the ranks, got {world}" in capsys.readouterr().err
