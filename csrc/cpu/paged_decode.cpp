@@ -172,16 +172,20 @@ void paged_decode_impl(const PagedDecodeParams& p) {
         }
       }
       const int32_t* row = p.block_table + t * p.bt_stride;
+      // Row pointers of tokens j .. j + n - 1 (block and offset stepped, not divided, per token).
       auto fill_rows = [&](int64_t j, int64_t n, const scalar_t** kr, const scalar_t** vr) {
+        int64_t b = j / p.block_size, off = j % p.block_size;
         for (int64_t i = 0; i < n; ++i) {
-          const int64_t pos = j + i, blk = row[pos / p.block_size], off = pos % p.block_size;
-          kr[i] = kc + blk * p.k_sb + off * p.k_st;
-          vr[i] = vc + blk * p.v_sb + off * p.v_st;
+          kr[i] = kc + row[b] * p.k_sb + off * p.k_st;
+          vr[i] = vc + row[b] * p.v_sb + off * p.v_st;
+          if (++off == p.block_size) off = 0, ++b;
         }
       };
+      if (j0 < j1) fill_rows(j0, std::min(kTile, j1 - j0), next_krows.data(), next_vrows.data());
       for (int64_t j = j0; j < j1; j += kTile) {
         const int64_t n = std::min(kTile, j1 - j), n_next = std::clamp<int64_t>(j1 - j - n, 0, kTile);
-        fill_rows(j, n, krows.data(), vrows.data());
+        krows.swap(next_krows);  // this tile's rows were filled (and prefetched) as the previous tile's next
+        vrows.swap(next_vrows);
         fill_rows(j + n, n_next, next_krows.data(), next_vrows.data());
         pf.start(reinterpret_cast<const char* const*>(next_krows.data()),
                  p.v == p.k ? nullptr : reinterpret_cast<const char* const*>(next_vrows.data()), n_next, kbytes,
