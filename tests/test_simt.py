@@ -196,3 +196,16 @@ def test_decode_cuda_sources_take_an_empty_batch(simt_ops):
     out, lse = simt_ops.gqa_decode_partial(torch.randn(0, 2, 64), k, k, torch.zeros(0, 1, dtype=torch.int32),
                                            torch.zeros(0, dtype=torch.int32), 0.1)
     assert out.shape == (0, 2, 64) and lse.shape == (0, 2)
+
+
+def test_mla_decode_cuda_source_takes_strided_views(simt_ops):
+    # as dcp_attention calls it: q_nope and q_pe are slices of one gathered query; w_uk and w_uv are column-strided
+    q_nope, q_pe, kv, table, lens, scale, w_uk, w_uv = _mla_case([9, 33], 3, 256, 64, True, True, 16,
+                                                                 torch.bfloat16, torch.Generator().manual_seed(3))
+    q = torch.cat([q_nope, q_pe], -1)
+    w_uk_t = w_uk.transpose(1, 2).contiguous().transpose(1, 2)  # same values, last dim strided
+    w_uv_t = w_uv.transpose(1, 2).contiguous().transpose(1, 2)
+    out, lse = simt_ops.mla_decode_partial(q[..., :48], q[..., 48:], kv, table, lens, scale, w_uk_t, w_uv_t)
+    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, lens, scale, w_uk, w_uv)
+    assert_matches(out, r_out, torch.bfloat16, "out (strided views)")
+    assert_lse_matches(lse, r_lse, "lse (strided views)")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU check in one command: build with CUDA, run the test suite on the GPU, benchmark every CUDA kernel, and append
-# the table to bench/RESULTS.md. Exits 2 (and says so) where no GPU is found.
+# GPU check in one command: build with CUDA, run the test suite on the GPU, benchmark every CUDA kernel, run the demo
+# on GPU ranks (NCCL), and append both tables to bench/RESULTS.md. Exits 2 (and says so) where no GPU is found.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -13,6 +13,7 @@ export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$cap}" DCP_OPS_CUDA=1 MAX_J
 bash scripts/setup.sh
 .venv/bin/python -m pytest -q tests 2>&1 | tee /tmp/dcp_gpu_tests.log
 .venv/bin/python bench/gpu/bench_cuda.py --json bench/gpu/last.json | tee /tmp/dcp_gpu_bench.txt
+.venv/bin/python -m dcp_ops demo --device cuda --dtype bfloat16 | tee /tmp/dcp_gpu_demo.txt
 {
   echo
   echo "## GPU — $(date -u +%Y-%m-%d), $gpu (sm_${cap/./}), \`bash bench/gpu/run.sh\`"
@@ -21,6 +22,12 @@ bash scripts/setup.sh
   echo
   echo '```'
   cat /tmp/dcp_gpu_bench.txt
+  echo '```'
+  echo
+  echo '`python -m dcp_ops demo --device cuda --dtype bfloat16`:'
+  echo
+  echo '```'
+  cat /tmp/dcp_gpu_demo.txt
   echo '```'
 } >> bench/RESULTS.md
 echo "appended to bench/RESULTS.md"
