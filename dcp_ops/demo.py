@@ -73,7 +73,8 @@ def _reference(layer, heads):
     rope = layer["rope"]
     w_uk = layer["w_uk"][heads] if layer["w_uk"] is not None else None
     w_uv = layer["w_uv"][heads] if layer["w_uv"] is not None else None
-    return ref.mla_decode_partial(q[..., :-rope], q[..., -rope:], layer["cache"][0], layer["table"], seq_lens,
+    split = q.shape[-1] - rope
+    return ref.mla_decode_partial(q[..., :split], q[..., split:], layer["cache"][0], layer["table"], seq_lens,
                                   layer["scale"], w_uk, w_uv)[0]
 
 

@@ -68,7 +68,11 @@ def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard]) -> Tuple[Tensor, T
                                       shard.scale)
     if isinstance(shard, MLAShard):
         rope = shard.rope_dim
-        return ops.mla_decode_partial(q_all[..., :-rope], q_all[..., -rope:], shard.kv_cache, shard.block_table,
+        if not 0 <= rope < q_all.shape[-1]:
+            raise ValueError(f"dcp_attention: MLAShard.rope_dim must be in [0, q's last dim = {q_all.shape[-1]}), "
+                             f"got {rope}")
+        split = q_all.shape[-1] - rope  # rope last; rope_dim 0 leaves an empty q_pe
+        return ops.mla_decode_partial(q_all[..., :split], q_all[..., split:], shard.kv_cache, shard.block_table,
                                       shard.seq_lens, shard.scale, shard.w_uk, shard.w_uv)
     raise TypeError(f"dcp_attention: shard must be a GQAShard or MLAShard, got {type(shard).__name__}")
 

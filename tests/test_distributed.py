@@ -1,4 +1,5 @@
 """dcp_attention across real gloo process groups: each rank's result equals unsharded float64 attention for its heads."""
+import dataclasses
 import os
 import tempfile
 
@@ -11,7 +12,7 @@ import dcp_ops
 from dcp_ops import reference as ref
 
 
-def _case(world, kind, absorb, interleave, gen):
+def _case(world, kind, absorb, interleave, gen, rope=16):
     lens = [27, 0, 31]
     if kind == "gqa":
         k = torch.randn(12, 8, 2, 32, generator=gen)
@@ -19,21 +20,21 @@ def _case(world, kind, absorb, interleave, gen):
         table = torch.randperm(12, generator=gen)[:12].view(3, 4).int()
         q = torch.randn(3, 4 * world, 32, generator=gen)
         return dict(kind=kind, caches=(k, v), table=table, lens=lens, q=q, scale=32 ** -0.5)
-    kv = torch.randn(12, 8, 48 + 16, generator=gen)
+    kv = torch.randn(12, 8, 48 + rope, generator=gen)
     table = torch.randperm(12, generator=gen).view(3, 4).int()
     H = 2 * world
     w_uk = torch.randn(H, 24, 48, generator=gen) * 0.2 if absorb else None
     w_uv = torch.randn(H, 48, 20, generator=gen) * 0.2 if absorb else None
-    q = torch.randn(3, H, (24 if absorb else 48) + 16, generator=gen)
-    return dict(kind=kind, caches=(kv,), table=table, lens=lens, q=q, scale=0.15, w_uk=w_uk, w_uv=w_uv)
+    q = torch.randn(3, H, (24 if absorb else 48) + rope, generator=gen)
+    return dict(kind=kind, caches=(kv,), table=table, lens=lens, q=q, scale=0.15, w_uk=w_uk, w_uv=w_uv, rope=rope)
 
 
 def _expected(c, heads):
     seq_lens = torch.tensor(c["lens"], dtype=torch.int32)
     if c["kind"] == "gqa":
         return ref.gqa_decode_partial(c["q"], *c["caches"], c["table"], seq_lens, c["scale"])[0][:, heads]
-    q = c["q"]
-    return ref.mla_decode_partial(q[..., :-16], q[..., -16:], c["caches"][0], c["table"], seq_lens, c["scale"],
+    q, split = c["q"], c["q"].shape[-1] - c["rope"]
+    return ref.mla_decode_partial(q[..., :split], q[..., split:], c["caches"][0], c["table"], seq_lens, c["scale"],
                                   c["w_uk"], c["w_uv"])[0][:, heads]
 
 
@@ -47,15 +48,15 @@ def _worker(rank, world, init_file, split):
             group, grank, gsize = groups[rank // n], rank % n, n
         else:
             group, grank, gsize = None, rank, world
-        for kind, absorb in (("gqa", False), ("mla", False), ("mla", True)):
+        for kind, absorb, rope in (("gqa", False, 0), ("mla", False, 16), ("mla", True, 16), ("mla", True, 0)):
             for interleave in (1, 4):
-                c = _case(gsize, kind, absorb, interleave, torch.Generator().manual_seed(7))
+                c = _case(gsize, kind, absorb, interleave, torch.Generator().manual_seed(7), rope)
                 seq_lens = torch.tensor(c["lens"], dtype=torch.int32)
                 local = dcp_ops.local_seq_lens(seq_lens, gsize, grank, interleave)
                 shards = [dcp_ops.shard_kv(x, c["table"], seq_lens, gsize, interleave, fill=float("nan"))[grank]
                           for x in c["caches"]]
                 shard = (dcp_ops.GQAShard(shards[0], shards[1], c["table"], local, c["scale"]) if kind == "gqa" else
-                         dcp_ops.MLAShard(shards[0], c["table"], local, c["scale"], 16, c["w_uk"], c["w_uv"]))
+                         dcp_ops.MLAShard(shards[0], c["table"], local, c["scale"], rope, c["w_uk"], c["w_uv"]))
                 H = c["q"].shape[1]
                 h_loc = H // gsize
                 mine = slice(grank * h_loc, (grank + 1) * h_loc)
@@ -72,6 +73,10 @@ def _worker(rank, world, init_file, split):
                         assert err < 2e-5, f"rank {rank} {kind} absorb={absorb} I={interleave} {mode}: err {err}"
                         assert lse.dtype == torch.float32
                         assert bool((lse[1] == float("-inf")).all())  # request 1 is empty on every rank
+                if kind == "mla" and interleave == 1:  # a rope_dim the query cannot hold is refused by name
+                    bad = dataclasses.replace(shard, rope_dim=c["q"].shape[-1])
+                    with pytest.raises(ValueError, match="MLAShard.rope_dim must be in"):
+                        dcp_ops.dcp_attention(c["q"], bad, group, q_replicated=True)
     finally:
         dist.barrier()
         dist.destroy_process_group()
