@@ -209,3 +209,27 @@ def test_mla_decode_cuda_source_takes_strided_views(simt_ops):
     r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, lens, scale, w_uk, w_uv)
     assert_matches(out, r_out, torch.bfloat16, "out (strided views)")
     assert_lse_matches(lse, r_lse, "lse (strided views)")
+
+
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+def test_decode_cuda_sources_skip_blocks_outside_the_cache(simt_ops, kind):
+    # A GPU kernel cannot raise: tokens whose block id is outside the cache (or negative) are skipped, never read.
+    # Request 0's second block is out of range and request 1's is negative, so each attends its first 16 tokens.
+    from conftest import randn
+    gen = torch.Generator().manual_seed(11)
+    entry = (2, 64) if kind == "gqa" else (128 + 64,)
+    cache = randn(3, 16, *entry, gen=gen)
+    table = torch.tensor([[0, 7], [1, -5]], dtype=torch.int32)
+    lens = torch.tensor([20, 30], dtype=torch.int32)
+    short = (table[:, :1].contiguous(), torch.tensor([16, 16], dtype=torch.int32))
+    if kind == "gqa":
+        v = randn(*cache.shape, gen=gen)
+        q = randn(2, 4, 64, gen=gen)
+        out, lse = simt_ops.gqa_decode_partial(q, cache, v, table, lens, 0.125)
+        r_out, r_lse = ref.gqa_decode_partial(q, cache, v, *short, 0.125)
+    else:
+        q_nope, q_pe = randn(2, 3, 128, gen=gen), randn(2, 3, 64, gen=gen)
+        out, lse = simt_ops.mla_decode_partial(q_nope, q_pe, cache, table, lens, 0.07)
+        r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, cache, *short, 0.07)
+    assert_matches(out, r_out, torch.float32, f"{kind} out, out-of-range blocks skipped")
+    assert_lse_matches(lse, r_lse, f"{kind} lse, out-of-range blocks skipped")
