@@ -233,3 +233,14 @@ def test_decode_cuda_sources_skip_blocks_outside_the_cache(simt_ops, kind):
         r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, cache, *short, 0.07)
     assert_matches(out, r_out, torch.float32, f"{kind} out, out-of-range blocks skipped")
     assert_lse_matches(lse, r_lse, f"{kind} lse, out-of-range blocks skipped")
+
+
+def test_decode_cuda_sources_refuse_more_query_tokens_than_a_grid_holds(simt_ops):
+    T = 65536  # one past the grid's z limit: refused by name before any launch
+    k = torch.randn(1, 16, 1, 64)
+    table, lens = torch.zeros(T, 1, dtype=torch.int32), torch.zeros(T, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="gqa_decode_partial: on CUDA at most 65535 query tokens per call"):
+        simt_ops.gqa_decode_partial(torch.randn(T, 1, 64), k, k, table, lens, 0.1)
+    with pytest.raises(RuntimeError, match="mla_decode_partial: on CUDA at most 65535 query tokens per call"):
+        simt_ops.mla_decode_partial(torch.randn(T, 1, 128), torch.randn(T, 1, 64), torch.randn(1, 16, 192), table,
+                                    lens, 0.1)
