@@ -84,3 +84,35 @@ def test_demo_on_gpu_ranks_over_nccl(capsys):
     assert demo.main(["--device", "cuda", "--world-size", str(world), "--context", "4096", "--steps", "2",
                       "--dtype", "bfloat16"]) == 0
     assert f"DCP decode on {world} GPU ranks (NCCL)" in capsys.readouterr().out
+
+
+def test_dcp_attention_step_replays_in_a_cuda_graph(tmp_path):
+    # DESIGN §5: no host synchronisation inside a step, buffers from a Workspace, so a step can be graph-captured.
+    import torch.distributed as dist
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        gen = torch.Generator().manual_seed(5)
+        lens = [300, 0, 77]
+        k, table = paged_cache(lens, 16, (2, 128), torch.bfloat16, gen)
+        v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=torch.bfloat16, gen=gen))
+        seq_lens = torch.tensor(lens, dtype=torch.int32)
+        shard = dcp_ops.GQAShard(k.cuda(), v.cuda(), table.cuda(), seq_lens.cuda(), 0.09)
+        for mode in dcp_ops.distributed.MODES:
+            ws = dcp_ops.Workspace()
+            q_static = randn(3, 16, 128, dtype=torch.bfloat16, gen=gen).cuda()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up: sizes the workspace outside the capture
+                dcp_ops.dcp_attention(q_static, shard, mode=mode, workspace=ws)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = dcp_ops.dcp_attention(q_static, shard, mode=mode, workspace=ws)
+            q_new = randn(3, 16, 128, dtype=torch.bfloat16, gen=gen)
+            q_static.copy_(q_new)
+            graph.replay()
+            torch.cuda.synchronize()
+            want = ref.gqa_decode_partial(q_new, k, v, table, seq_lens, 0.09)[0]
+            assert_matches(out.cpu(), want, torch.bfloat16, f"graph replay, mode {mode}")
+    finally:
+        dist.destroy_process_group()
