@@ -1,5 +1,6 @@
-// Pieces shared by the split-KV decode kernels (GQA and MLA): the lane-group sum of a dot product, and the combine
-// of a block's token streams (slots) into one normalised partial per head at the end of a split.
+// Pieces shared by the split-KV decode kernels (GQA and MLA): the lane-group sum of a dot product, a lane's share of
+// a row, the online-softmax update of one token, and the store and combine of a block's token streams (slots) into
+// one normalised partial per head at the end of a split.
 #pragma once
 
 #include "kernels/common.cuh"
