@@ -20,10 +20,8 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
   Tensor out = new_output({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = new_output({d.T, d.Hq}, q.options().dtype(at::kFloat));
   if (d.T == 0 || d.Hq == 0) return {out, lse};  // an empty grid is a launch error
-  TORCH_CHECK(d.T <= 65535, "gqa_decode_partial: on CUDA at most 65535 query tokens per call (grid z), got ", d.T);
-  const int64_t capacity = d.max_blocks * d.block_size;
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + 511) / 512));
-  const int64_t per_split = std::max<int64_t>(1, (capacity + splits - 1) / splits);
+  const KvSplits plan = kv_splits(d.T, d.max_blocks, d.block_size, "gqa_decode_partial");
+  const int64_t splits = plan.splits, per_split = plan.per_split;
   auto f32 = q.options().dtype(at::kFloat);
   Tensor part_o = new_output({splits, d.T, d.Hq, d.Dv}, f32);
   Tensor part_lse = new_output({splits, d.T, d.Hq}, f32);

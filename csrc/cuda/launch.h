@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #ifdef DCP_SIMT
@@ -25,6 +26,20 @@ inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream();
 inline at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& o) { return at::empty(shape, o); }
 }  // namespace dcp_ops
 #endif
+
+namespace dcp_ops {
+// Split-KV plan of a paged decode launch: the split count comes from the block table's capacity (max_blocks *
+// block_size), never from seq_lens' values, so nothing waits on the device. Refuses a batch the grid cannot hold.
+struct KvSplits {
+  int64_t splits, per_split;
+};
+inline KvSplits kv_splits(int64_t T, int64_t max_blocks, int64_t block_size, const char* op) {
+  TORCH_CHECK(T <= 65535, op, ": on CUDA at most 65535 query tokens per call (grid z), got ", T);
+  const int64_t capacity = max_blocks * block_size;
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + 511) / 512));
+  return {splits, std::max<int64_t>(1, (capacity + splits - 1) / splits)};
+}
+}  // namespace dcp_ops
 
 #define DCP_CHECK_LAUNCH(err, op) TORCH_CHECK((err) == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err))
 

@@ -44,10 +44,8 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
   Tensor out = new_output({d.T, d.Hq, d_out}, q_nope.options());
   Tensor lse = new_output({d.T, d.Hq}, f32);
   if (d.T == 0 || d.Hq == 0) return {out, lse};
-  TORCH_CHECK(d.T <= 65535, "mla_decode_partial: on CUDA at most 65535 query tokens per call (grid z), got ", d.T);
-  const int64_t capacity = d.max_blocks * d.block_size;
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + 511) / 512));
-  const int64_t per_split = std::max<int64_t>(1, (capacity + splits - 1) / splits);
+  const KvSplits plan = kv_splits(d.T, d.max_blocks, d.block_size, "mla_decode_partial");
+  const int64_t splits = plan.splits, per_split = plan.per_split;
   Tensor q32 = new_output({d.T, d.Hq, DK}, f32);
   Tensor part_o = new_output({splits, d.T, d.Hq, latent}, f32);
   Tensor part_lse = new_output({splits, d.T, d.Hq}, f32);
