@@ -30,6 +30,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Spreads software prefetches of the next tile's rows (every KV head, K and V) over the arithmetic of the current
 // tile: each call from a GEMM hook issues a share of the lines, so their memory latency overlaps the math instead of
 // stalling the first loads of the next tile. The share is sized from the number of calls the previous tile made.
+// The first line of every row is prefetched at once when the tile is queued, so that the TLB walks of all the next
+// tile's pages start a whole tile ahead (alternated runs at 32K tokens, bf16 and fp32, batch 1 to 16: 0-8% faster
+// than spreading every line).
 struct TilePrefetcher {
   struct Run {  // a row's bytes still to prefetch
     const char* p;
@@ -51,6 +54,10 @@ struct TilePrefetcher {
     if (calls > 0) per_call = std::max<int64_t>(1, ceil_div(lines, calls));
     next = 0;
     calls = 0;
+    for (Run& run : runs) {
+      __builtin_prefetch(run.p, 0, 3);
+      run.p += 64;
+    }
   }
   void issue(int64_t budget) {
     for (; budget > 0 && next < runs.size(); ++next) {
