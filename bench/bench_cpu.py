@@ -7,7 +7,13 @@ max(KV bytes / read bandwidth, FLOPs / best measured matmul rate); "roof" is roo
 and fp32 matmul ceilings are measured again just before and just after each row and the row uses their mean (shown in
 the last two columns), because this VM's speed drifts by up to ~1.5x over minutes.
 
-    python bench/bench_cpu.py [--quick] [--json PATH]
+The KV caches (and every other tensor of 2 MiB or more) are allocated in 2 MiB transparent huge pages, as an engine
+keeping a long-lived multi-GB cache should: the cache is read in random block order, and with 4 KiB pages every block
+costs TLB walks (GQA, 32K tokens, bf16, batch 16 on the machine of RESULTS.md: 66-67 ms against 75-83 ms with 4 KiB
+pages). torch does this when THP_MEM_ALLOC_ENABLE=1 is set before its first allocation; `--4k-pages` leaves it off.
+The header says which pages the run got (the OS may refuse huge pages).
+
+    python bench/bench_cpu.py [--quick] [--json PATH] [--4k-pages]
 """
 import argparse
 import json
@@ -16,6 +22,9 @@ import os
 import statistics
 import sys
 import time
+
+if __name__ == "__main__" and "--4k-pages" not in sys.argv:
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # read once, at torch's first allocation
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +59,24 @@ def ceilings(bf16=True, budget_s=1.0):
         a16, b16 = torch.randn(512, 512).bfloat16(), torch.randn(512, 512).bfloat16()
         out["bf16_GFLOPs"] = 2 * 512 ** 3 / timeit(lambda: a16 @ b16, min_reps=1, budget_s=0.5) / 1e9
     return out
+
+
+def anon_huge_kib():
+    """This process's anonymous memory in transparent huge pages (KiB; 0 where Linux does not report it)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("AnonHugePages:")), 0)
+    except OSError:
+        return 0
+
+
+def huge_pages_in_use():
+    """Whether a fresh 64 MiB tensor lands in 2 MiB pages."""
+    before = anon_huge_kib()
+    x = torch.ones(16 * 1024 * 1024)
+    used = anon_huge_kib() - before >= 32 * 1024
+    del x
+    return used
 
 
 def ceilings_around(ceil, fn):
@@ -149,13 +176,16 @@ def main():
     p.add_argument("--quick", action="store_true", help="4K and 32K, batch 1 only")
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--4k-pages", dest="small_pages", action="store_true",
+                   help="leave torch's allocations in 4 KiB pages (default: 2 MiB transparent huge pages)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
+    pages = "2 MiB" if huge_pages_in_use() else "4 KiB"
     ceil = ceilings()
     print(f"machine: {torch.get_num_threads()} threads, read {ceil['read_GBps']:.1f} GB/s, copy "
           f"{ceil['copy_GBps']:.1f} GB/s, matmul fp32 {ceil['fp32_GFLOPs']:.1f} GFLOP/s, bf16 "
-          f"{ceil['bf16_GFLOPs']:.2f} GFLOP/s (dcp_ops CPU ISA: {dcp_ops._C.cpu_isa})")
+          f"{ceil['bf16_GFLOPs']:.2f} GFLOP/s (dcp_ops CPU ISA: {dcp_ops._C.cpu_isa}); tensors in {pages} pages")
     cases = []
     batches = [1] if args.quick else [1, 16]
     for dtype in (torch.float32, torch.bfloat16):
@@ -219,7 +249,7 @@ def main():
               f"({row['copy_fraction']:.2f} of copy)  torch {tb * 1e3:.2f} ms  {tb / t:.1f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(ceilings=ceil, threads=torch.get_num_threads(), rows=rows), f, indent=1)
+            json.dump(dict(ceilings=ceil, threads=torch.get_num_threads(), pages=pages, rows=rows), f, indent=1)
     return 0
 
 
