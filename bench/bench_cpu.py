@@ -3,9 +3,13 @@
 Measures, in the same run: large-buffer read and copy bandwidth, and the fp32 / bf16 torch.matmul rate. Then times
 each op on decode shapes and the best plain-torch way to compute the same thing from the same paged cache
 (gather the pages, then bmm + softmax, or scaled_dot_product_attention). The roofline time of a row is
-max(KV bytes / read bandwidth, FLOPs / best measured matmul rate); "roof" is roofline time / measured time. The read
-and fp32 matmul ceilings are measured again just before and just after each row and the row uses their mean (shown in
-the last two columns), because this VM's speed drifts by up to ~1.5x over minutes.
+max(KV bytes / read bandwidth, FLOPs / best measured matmul rate); "roof" is roofline time / measured time. This VM's
+speed drifts by up to 2x within seconds, so each row times the op, its baselines and the read and fp32 matmul probes
+round-robin, one call each per round (interleaved(): at least 3 rounds, about 3 s), and uses their medians; the row's
+probe rates are shown in the last two columns. The op and the probes thereby see the same phases of the machine. Every
+timed call of a decode row starts with the caches flushed, as a decode step finds a layer's KV cache; the merge rows
+are not flushed (their 16 MiB inputs have just arrived from the exchange), though the torch merge timed between their
+calls evicts part of them.
 
 The KV caches (and every other tensor of 2 MiB or more) are allocated in 2 MiB transparent huge pages, as an engine
 keeping a long-lived multi-GB cache should: the cache is read in random block order, and with 4 KiB pages every block
@@ -46,19 +50,15 @@ def timeit(fn, min_reps=3, budget_s=1.0):
     return statistics.median(times)
 
 
-def ceilings(bf16=True, budget_s=1.0):
-    x = torch.randn(128 * 1024 * 1024 // 4 * 4)  # 512 MiB, far larger than any cache
-    y = torch.empty_like(x)
-    read = x.numel() * 4 / timeit(lambda: x.sum(), budget_s=budget_s)
-    copy = 2 * x.numel() * 4 / timeit(lambda: y.copy_(x), budget_s=budget_s)
-    del x, y
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    f32 = 2 * 2048 ** 3 / timeit(lambda: a @ b, budget_s=budget_s)
-    out = dict(read_GBps=read / 1e9, copy_GBps=copy / 1e9, fp32_GFLOPs=f32 / 1e9)
-    if bf16:
-        a16, b16 = torch.randn(512, 512).bfloat16(), torch.randn(512, 512).bfloat16()
-        out["bf16_GFLOPs"] = 2 * 512 ** 3 / timeit(lambda: a16 @ b16, min_reps=1, budget_s=0.5) / 1e9
-    return out
+def ceilings(budget_s=1.0):
+    """The machine's ceilings at the start of the run: read and copy bandwidth, fp32 and bf16 matmul rates."""
+    probes = Probes()
+    rates = probes.rates({k: timeit(fn, budget_s=budget_s) for k, fn in probes.fns().items()})
+    y = torch.empty_like(probes.x)
+    copy = 2 * probes.x.numel() * 4 / timeit(lambda: y.copy_(probes.x), budget_s=budget_s)
+    a16, b16 = torch.randn(512, 512).bfloat16(), torch.randn(512, 512).bfloat16()
+    bf16 = 2 * 512 ** 3 / timeit(lambda: a16 @ b16, min_reps=1, budget_s=0.5)
+    return dict(rates, copy_GBps=copy / 1e9, bf16_GFLOPs=bf16 / 1e9)
 
 
 def anon_huge_kib():
@@ -79,16 +79,49 @@ def huge_pages_in_use():
     return used
 
 
-def ceilings_around(ceil, fn):
-    """Times fn between two measurements of the read and fp32 matmul ceilings and returns (time, ceilings): the
-    ceilings of the row are the mean of the two, so that the row's roofline fraction compares the op with the machine
-    as it ran at the same time (this VM's speed drifts by up to ~1.5x over minutes)."""
-    before = ceilings(bf16=False, budget_s=0.3)
-    t = timeit(fn)
-    after = ceilings(bf16=False, budget_s=0.3)
-    row = {k: (before[k] + after[k]) / 2 for k in before}
-    row["bf16_GFLOPs"] = ceil["bf16_GFLOPs"]
-    return t, row
+def interleaved(fns, flush=None, budget_s=3.0, min_rounds=3, max_rounds=25, slow_s=1.0):
+    """Median time of each fn of fns, timed round-robin (one call of each per round) so that all of them see the same
+    phases of a drifting machine; flush, if given, runs untimed before every call. Every fn is called once first; a fn
+    whose first call took over slow_s is not called again and that call is its time."""
+    samples = {k: [] for k in fns}
+    for k, fn in fns.items():
+        if flush:
+            flush()
+        t0 = time.perf_counter()
+        fn()
+        if time.perf_counter() - t0 > slow_s:
+            samples[k].append(time.perf_counter() - t0)
+    again = [k for k in fns if not samples[k]]
+    start = time.perf_counter()
+    for r in range(max_rounds):
+        if r >= min_rounds and time.perf_counter() - start > budget_s:
+            break
+        for k in again:
+            if flush:
+                flush()
+            t0 = time.perf_counter()
+            fns[k]()
+            samples[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+class Probes:
+    """The read-bandwidth and fp32 matmul probes of ceilings(), as calls for interleaved()."""
+
+    def __init__(self):
+        self.x = torch.randn(128 * 1024 * 1024)  # 512 MiB, far larger than any cache
+        self.a, self.b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+
+    def flush(self):
+        """Evicts the caches (reads 64 MiB, twice the 32 MiB L3 of the machine in RESULTS.md)."""
+        self.x[: 16 * 1024 * 1024].sum()
+
+    def fns(self):
+        return {"_read": lambda: self.x.sum(), "_mm32": lambda: self.a @ self.b}
+
+    def rates(self, times):
+        return dict(read_GBps=self.x.numel() * 4 / times["_read"] / 1e9,
+                    fp32_GFLOPs=2 * 2048 ** 3 / times["_mm32"] / 1e9)
 
 
 def paged(B, L, block_size, entry, dtype, gen):
@@ -203,17 +236,21 @@ def main():
            f"{'bmm':>9} {'bmm32':>9} {'sdpa':>9} {'vs best':>7} {'read':>5} {'mm32':>5}")
     print(hdr)
     print("-" * len(hdr))
+    probes = Probes()
     for name, dtype, L, B, make in cases:
         ours, baselines, flops, kv_bytes = make()
-        t, row_ceil = ceilings_around(ceil, ours)
+        if dtype == torch.float32:
+            baselines.pop("bmm_fp32")
+        # Every call starts with the caches flushed, as a decode step finds a layer's KV cache (the other layers'
+        # caches went through since the last step).
+        fns = dict(probes.fns(), ours=ours)
+        fns.update({b: fn for b, fn in baselines.items() if predicted_s(b, dtype, flops, ceil) < BASELINE_BUDGET_S})
+        times = interleaved(fns, flush=probes.flush)
+        t = times["ours"]
+        row_ceil = dict(probes.rates(times), bf16_GFLOPs=ceil["bf16_GFLOPs"])
         peak = max(row_ceil["fp32_GFLOPs"], row_ceil["bf16_GFLOPs"]) * 1e9
         roof_t = max(kv_bytes / (row_ceil["read_GBps"] * 1e9), flops / peak)
-        base = {}
-        for bname, fn in baselines.items():
-            if bname == "bmm_fp32" and dtype == torch.float32:
-                continue
-            est = predicted_s(bname, dtype, flops, ceil)
-            base[bname] = timeit(fn, min_reps=1, budget_s=0.5) if est < BASELINE_BUDGET_S else None
+        base = {b: times.get(b) for b in baselines}  # None: predicted over BASELINE_BUDGET_S, not run
         best = min(v for v in base.values() if v is not None)
         row = dict(op=name, dtype=str(dtype).replace("torch.", ""), context=L, batch=B, ms=t * 1e3,
                    kv_GBps=kv_bytes / t / 1e9, GFLOPs=flops / t / 1e9, roofline_fraction=roof_t / t,
@@ -234,12 +271,12 @@ def main():
         N, T, H, D = 4, 16, 128, 512
         outs = torch.randn(N, T, H, D).to(dtype)
         lses = torch.randn(N, T, H)
-        t = timeit(lambda: dcp_ops.merge_partials(outs, lses))
 
         def torch_merge():
             m = torch.logsumexp(lses, 0)
             return (torch.exp(lses - m)[..., None] * outs.float()).sum(0).to(dtype), m
-        tb = timeit(torch_merge)
+        times = interleaved({"ours": lambda: dcp_ops.merge_partials(outs, lses), "torch": torch_merge})
+        t, tb = times["ours"], times["torch"]
         moved = outs.numel() * outs.element_size() * (1 + 1 / N) + lses.numel() * 4
         row = dict(op="merge_partials N4 T16 H128 D512", dtype=str(dtype).replace("torch.", ""), ms=t * 1e3,
                    GBps=moved / t / 1e9, copy_fraction=moved / t / 1e9 / ceil["copy_GBps"],
