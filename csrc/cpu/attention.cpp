@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <vector>
 
 #include "cpu/gemm.h"
 #include "cpu/paged_decode.h"
@@ -16,12 +17,29 @@ namespace dcp_ops {
 namespace {
 constexpr double kLog2e = 1.4426950408889634;
 
-cpu::PagedDecodeParams base_params(const Tensor& q32, const DecodeDims& d, const Tensor& block_table,
-                                   const Tensor& seq_lens, Tensor& out32, Tensor& lse) {
+// Writes x [T, H, n] (any float dtype and strides) times mult into the fp32 rows dst[(t * H + h) * ld + col ..]: the
+// kernel's query operand is staged here, not by ATen ops, each of which costs microseconds (a few of them cost as
+// much as a decode step over a short context).
+void stage_rows(const Tensor& x, double mult, float* dst, int64_t ld, int64_t col) {
+  const int64_t T = x.size(0), H = x.size(1), n = x.size(2);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "stage_rows", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const float m = static_cast<float>(mult);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const scalar_t* src = xp + t * x.stride(0) + h * x.stride(1);
+        float* out = dst + (t * H + h) * ld + col;
+        for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i * x.stride(2)]) * m;
+      }
+  });
+}
+
+cpu::PagedDecodeParams base_params(const float* q32, const DecodeDims& d, const Tensor& block_table,
+                                   const Tensor& seq_lens, Tensor& out, Tensor& lse) {
   cpu::PagedDecodeParams p{};
-  p.q = q32.data_ptr<float>();
-  p.q_st = q32.stride(0);
-  p.q_sh = q32.stride(1);
+  p.q = q32;
+  p.q_st = d.Hq * d.Dk;
+  p.q_sh = d.Dk;
   p.T = d.T;
   p.Hq = d.Hq;
   p.Hkv = d.Hkv;
@@ -31,7 +49,8 @@ cpu::PagedDecodeParams base_params(const Tensor& q32, const DecodeDims& d, const
   p.bt_stride = block_table.stride(0);
   p.block_size = d.block_size;
   p.seq_lens = seq_lens.data_ptr<int32_t>();
-  p.out = out32.data_ptr<float>();
+  p.out = out.data_ptr();
+  p.out_dtype = out.scalar_type();
   p.lse = lse.data_ptr<float>();
   return p;
 }
@@ -59,10 +78,11 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor&
                                                   const Tensor& block_table, const Tensor& seq_lens, double scale) {
   const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table, seq_lens, scale);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "gqa_decode_partial");
-  const Tensor q32 = (q.to(at::kFloat) * (scale * kLog2e)).contiguous();
-  Tensor out32 = at::empty({d.T, d.Hq, d.Dv}, q.options().dtype(at::kFloat));
+  std::vector<float> q32(d.T * d.Hq * d.Dk);
+  stage_rows(q, scale * kLog2e, q32.data(), d.Dk, 0);
+  Tensor out = at::empty({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = at::empty({d.T, d.Hq}, q.options().dtype(at::kFloat));
-  cpu::PagedDecodeParams p = base_params(q32, d, block_table, seq_lens, out32, lse);
+  cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
   p.k = k_cache.data_ptr();
   p.k_sb = k_cache.stride(0);
   p.k_st = k_cache.stride(1);
@@ -72,7 +92,7 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor&
   p.v_st = v_cache.stride(1);
   p.v_sh = v_cache.stride(2);
   cpu::paged_decode(p, q.scalar_type());
-  return {out32.to(q.scalar_type()), lse};
+  return {out, lse};
 }
 
 std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
@@ -81,19 +101,23 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
                                                   const std::optional<Tensor>& w_uv) {
   const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "mla_decode_partial");
-  Tensor q_lat = q_nope.to(at::kFloat);
-  if (w_uk.has_value()) q_lat = per_head_matmul(q_lat, *w_uk);  // query absorption, fp32 accumulation
-  const Tensor q32 = (at::cat({q_lat, q_pe.to(at::kFloat)}, -1) * (scale * kLog2e)).contiguous();
-  Tensor out32 = at::empty({d.T, d.Hq, d.Dv}, q_nope.options().dtype(at::kFloat));
+  // Query rows [latent | rope] in fp32, times scale * log2(e); the latent part absorbed through w_uk if given.
+  const int64_t latent = d.Dk - q_pe.size(2);
+  std::vector<float> q32(d.T * d.Hq * d.Dk);
+  const Tensor q_lat = w_uk.has_value() ? per_head_matmul(q_nope.to(at::kFloat), *w_uk) : q_nope;  // fp32 accumulation
+  stage_rows(q_lat, scale * kLog2e, q32.data(), d.Dk, 0);
+  stage_rows(q_pe, scale * kLog2e, q32.data(), d.Dk, latent);
+  // The kernel writes the output in q's type, or in fp32 for the w_uv up-projection that follows it.
+  Tensor out = at::empty({d.T, d.Hq, d.Dv}, q_nope.options().dtype(w_uv.has_value() ? at::kFloat : q_nope.scalar_type()));
   Tensor lse = at::empty({d.T, d.Hq}, q_nope.options().dtype(at::kFloat));
-  cpu::PagedDecodeParams p = base_params(q32, d, block_table, seq_lens, out32, lse);
+  cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
   p.k = p.v = kv_cache.data_ptr();
   p.k_sb = p.v_sb = kv_cache.stride(0);
   p.k_st = p.v_st = kv_cache.stride(1);
   p.k_sh = p.v_sh = 0;
   cpu::paged_decode(p, q_nope.scalar_type());
-  if (w_uv.has_value()) out32 = per_head_matmul(out32, *w_uv);  // value up-projection, before any merge
-  return {out32.to(q_nope.scalar_type()).contiguous(), lse};
+  if (w_uv.has_value()) out = per_head_matmul(out, *w_uv).to(q_nope.scalar_type());  // value up-projection
+  return {out, lse};
 }
 
 }  // namespace dcp_ops

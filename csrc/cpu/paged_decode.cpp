@@ -129,6 +129,16 @@ void softmax_update(float* st, int64_t G, int64_t n, float* m, float* l, float* 
   }
 }
 
+// out[offset .. offset + n) = src, converted to dtype (fp32, bf16 or fp16).
+void store_row(void* out, at::ScalarType dtype, int64_t offset, const float* src, int64_t n) {
+  switch (dtype) {
+    case at::kFloat: std::copy(src, src + n, static_cast<float*>(out) + offset); break;
+    case at::kBFloat16: std::copy(src, src + n, static_cast<c10::BFloat16*>(out) + offset); break;
+    case at::kHalf: std::copy(src, src + n, static_cast<c10::Half*>(out) + offset); break;
+    default: TORCH_CHECK(false, "paged_decode: unsupported output dtype ", dtype);
+  }
+}
+
 template <typename scalar_t>
 void paged_decode_impl(const PagedDecodeParams& p) {
   const int64_t G = p.Hq / p.Hkv;
@@ -227,17 +237,18 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     }
   });
 
-  // Combine the splits of each (token, head): exact online-softmax merge in base 2.
+  // Combine the splits of each (token, head): exact online-softmax merge in base 2, stored in the output's type.
   at::parallel_for(0, p.T * p.Hq, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> w(nsplit);
+    std::vector<float> w(nsplit), row(p.Dv);
     for (int64_t th = begin; th < end; ++th) {
       const int64_t t = th / p.Hq, h = th % p.Hq;
       auto idx = [&](int64_t sp) { return (t * nsplit + sp) * p.Hq + h; };
       float mx = kNegInf;
       for (int64_t sp = 0; sp < nsplit; ++sp) mx = std::max(mx, part_m[idx(sp)]);
-      float* dst = p.out + th * p.Dv;
+      float* dst = row.data();
       if (mx == kNegInf) {
         std::fill(dst, dst + p.Dv, 0.f);
+        store_row(p.out, p.out_dtype, th * p.Dv, dst, p.Dv);
         p.lse[th] = kNegInf;
         continue;
       }
@@ -254,6 +265,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
         const float ws = w[sp] * inv;
         for (int64_t d = 0; d < p.Dv; ++d) dst[d] += ws * src[d];
       }
+      store_row(p.out, p.out_dtype, th * p.Dv, dst, p.Dv);
       p.lse[th] = (mx + std::log2(total)) * kLn2;
     }
   });

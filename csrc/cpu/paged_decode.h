@@ -20,7 +20,8 @@ struct PagedDecodeParams {
   int64_t bt_stride;
   int64_t block_size;
   const int32_t* seq_lens;
-  float* out;  // [T, Hq, Dv] fp32, normalised
+  void* out;  // [T, Hq, Dv] contiguous, of out_dtype (fp32, or the cache's type), normalised
+  at::ScalarType out_dtype;
   float* lse;  // [T, Hq] fp32, natural log; -inf for an empty sequence
 };
 
