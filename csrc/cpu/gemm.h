@@ -249,6 +249,9 @@ DCP_INLINE void dot_triple(int64_t K, const TA* a0, const TA* a1, const TA* a2, 
   reduce_lanes(hi).store(out + kVL);
 }
 
+// Rows of A that gemm_nt takes at a time against N B rows: with M a multiple of it, no call leaves lanes idle.
+constexpr int64_t gemm_nt_row_block(int64_t N) { return N >= kVL / 2 ? (kVL == 8 ? 3 : 2) : kVL / N; }
+
 // C[i * ldc + n] = A_i . B_n for i < M, n < N, with B packed by pack_nt and A a view with contiguous rows. B rows are
 // taken kVL / 2 at a time against threes of A rows (dot_triple, AVX2) and then pairs (dot_pair); fewer than kVL / 2
 // B rows left are paired with as many A rows as fill the lanes.

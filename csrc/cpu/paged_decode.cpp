@@ -147,7 +147,11 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   const bool nt = G < 2 * kVL;
   const int64_t token_bytes =
       (p.Hkv * p.Dk + (p.v == p.k ? 0 : p.Hkv * p.Dv)) * static_cast<int64_t>(sizeof(scalar_t));
-  const int64_t kTile = nt ? std::clamp<int64_t>(kTileBytes / token_bytes / 8 * 8, 8, kTileMax) : kTileMax;
+  // Tiles of a multiple of the rows gemm_nt takes at a time: at 32K tokens, bf16 16q/2kv d128 ran 7-10% faster in
+  // tiles of 15 tokens than of 16, whose last token went through a half-idle pair of rows.
+  const int64_t rb = gemm_nt_row_block(G);
+  const int64_t kTile =
+      nt ? std::clamp<int64_t>((kTileBytes / token_bytes + rb / 2) / rb * rb, rb, kTileMax / rb * rb) : kTileMax;
   int64_t max_len = 0;
   for (int64_t t = 0; t < p.T; ++t) max_len = std::max<int64_t>(max_len, p.seq_lens[t]);
   const int64_t threads = at::get_num_threads();
