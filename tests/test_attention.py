@@ -76,6 +76,31 @@ def test_gqa_accepts_strided_views_of_a_combined_cache():
     assert_matches(out2, r2, torch.float32, "out (head-strided cache)")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_queries_as_views_of_a_fused_projection(dtype):
+    """Engines slice q out of a fused QKV (GQA) or [latent | rope] (MLA) projection: strided token and head dims."""
+    gen = torch.Generator().manual_seed(5)
+    lens = [33, 0, 70]
+    k, table = paged_cache(lens, 16, (2, 64), dtype, gen)
+    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
+    qkv = randn(3, (8 + 2 + 2) * 64, dtype=dtype, gen=gen)
+    q = qkv[:, : 8 * 64].view(3, 8, 64)  # token stride 768, not 512
+    assert not q.is_contiguous()
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out, lse = dcp_ops.gqa_decode_partial(q, k, v, table, seq_lens, 0.125)
+    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, 0.125)
+    assert_matches(out, r_out, dtype, "out (GQA)")
+    assert_lse_matches(lse, r_lse, "lse (GQA)")
+
+    kv, table = paged_cache(lens, 16, (128 + 32,), dtype, gen)
+    q_full = randn(3, 4, 128 + 32, dtype=dtype, gen=gen)
+    q_nope, q_pe = q_full[..., :128], q_full[..., 128:]  # head stride 160 in both
+    out, lse = dcp_ops.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, 160 ** -0.5)
+    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, 160 ** -0.5)
+    assert_matches(out, r_out, dtype, "out (MLA)")
+    assert_lse_matches(lse, r_lse, "lse (MLA)")
+
+
 @given(dtype=st.sampled_from(DTYPES), heads=st.sampled_from([1, 4, 16]), dims=st.sampled_from([(512, 64), (128, 32),
        (64, 16)]), absorb=st.booleans(), up=st.booleans(), block_size=st.sampled_from([1, 16, 64]), lens=lens_st,
        seed=st.integers(0, 2**31 - 1))
