@@ -22,14 +22,19 @@ constexpr double kLog2e = 1.4426950408889634;
 // much as a decode step over a short context).
 void stage_rows(const Tensor& x, double mult, float* dst, int64_t ld, int64_t col) {
   const int64_t T = x.size(0), H = x.size(1), n = x.size(2);
+  const int64_t s0 = x.stride(0), s1 = x.stride(1), s2 = x.stride(2);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "stage_rows", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const float m = static_cast<float>(mult);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < H; ++h) {
-        const scalar_t* src = xp + t * x.stride(0) + h * x.stride(1);
+        const scalar_t* src = xp + t * s0 + h * s1;
         float* out = dst + (t * H + h) * ld + col;
-        for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i * x.stride(2)]) * m;
+        if (s2 == 1) {  // the usual case, vectorised
+          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i]) * m;
+        } else {
+          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i * s2]) * m;
+        }
       }
   });
 }

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -166,7 +167,10 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p.seq_lens[a] > p.seq_lens[b]; });
   std::atomic<int64_t> next_item{0};
-  std::vector<float> part_o(items * p.Hq * p.Dv), part_m(items * p.Hq), part_l(items * p.Hq);
+  // Every item writes its whole slice of these, so they are not zeroed first (part_o is 2 MiB for 8 splits of 128 MLA
+  // heads).
+  std::unique_ptr<float[]> part_o(new float[items * p.Hq * p.Dv]), part_m(new float[items * p.Hq]),
+      part_l(new float[items * p.Hq]);
   const int64_t qpack = std::max(packed_nt_size(G, p.Dk), p.Dk * G);
   // Bytes of a token's entry (every KV head) in each cache.
   const int64_t kbytes = ((p.Hkv - 1) * p.k_sh + p.Dk) * static_cast<int64_t>(sizeof(scalar_t));
@@ -235,9 +239,9 @@ void paged_decode_impl(const PagedDecodeParams& p) {
         }
         pf.finish();
       }
-      std::copy(o, o + p.Hq * p.Dv, part_o.begin() + item * p.Hq * p.Dv);
-      std::copy(m, m + p.Hq, part_m.begin() + item * p.Hq);
-      std::copy(l, l + p.Hq, part_l.begin() + item * p.Hq);
+      std::copy(o, o + p.Hq * p.Dv, part_o.get() + item * p.Hq * p.Dv);
+      std::copy(m, m + p.Hq, part_m.get() + item * p.Hq);
+      std::copy(l, l + p.Hq, part_l.get() + item * p.Hq);
     }
   });
 
@@ -265,7 +269,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       std::fill(dst, dst + p.Dv, 0.f);
       for (int64_t sp = 0; sp < nsplit; ++sp) {
         if (w[sp] == 0.f) continue;
-        const float* src = part_o.data() + idx(sp) * p.Dv;
+        const float* src = part_o.get() + idx(sp) * p.Dv;
         const float ws = w[sp] * inv;
         for (int64_t d = 0; d < p.Dv; ++d) dst[d] += ws * src[d];
       }
