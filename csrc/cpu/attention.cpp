@@ -113,7 +113,8 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
   stage_rows(q_lat, scale * kLog2e, q32.data(), d.Dk, 0);
   stage_rows(q_pe, scale * kLog2e, q32.data(), d.Dk, latent);
   // The kernel writes the output in q's type, or in fp32 for the w_uv up-projection that follows it.
-  Tensor out = at::empty({d.T, d.Hq, d.Dv}, q_nope.options().dtype(w_uv.has_value() ? at::kFloat : q_nope.scalar_type()));
+  const at::ScalarType out_dtype = w_uv.has_value() ? at::kFloat : q_nope.scalar_type();
+  Tensor out = at::empty({d.T, d.Hq, d.Dv}, q_nope.options().dtype(out_dtype));
   Tensor lse = at::empty({d.T, d.Hq}, q_nope.options().dtype(at::kFloat));
   cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
   p.k = p.v = kv_cache.data_ptr();
