@@ -139,6 +139,22 @@ def test_mla_deepseek_shape_with_absorption():
     assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == -math.inf).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mla_many_heads_narrow_cache(dtype):
+    """128 heads over a bf16 / fp16 latent cache: the kernel converts each tile of cache rows to fp32 once and runs
+    both GEMMs on the copy; several full tiles and a partial one, with the latent (V) read from the same copy."""
+    gen = torch.Generator().manual_seed(5)
+    lens = [200, 0, 65]
+    kv, table = paged_cache(lens, 64, (576,), dtype, gen)
+    w_uk = randn(128, 128, 512, dtype=dtype, gen=gen, scale=128 ** -0.5)
+    q_nope, q_pe = randn(3, 128, 128, dtype=dtype, gen=gen), randn(3, 128, 64, dtype=dtype, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out, lse = dcp_ops.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, 192 ** -0.5, w_uk)
+    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, 192 ** -0.5, w_uk)
+    assert_matches(out, r_out, dtype, "out")
+    assert_lse_matches(lse, r_lse, "lse")
+
+
 def test_long_context_uses_splits_and_stays_exact():
     # enough tokens that the kernel splits one sequence across threads and combines the splits
     gen = torch.Generator().manual_seed(3)

@@ -43,6 +43,14 @@ inline fVec load_f32(const T* p, int64_t n = kVL) {
   }
 }
 
+// dst[0 .. n) = src[0 .. n) converted to fp32.
+template <typename T>
+inline void convert_row(const T* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + kVL <= n; i += kVL) load_f32(src + i).store(dst + i);
+  if (i < n) load_f32(src + i, n - i).store(dst + i, n - i);
+}
+
 // Read-only matrix views for the micro-kernels. A view gives element (i, k) and a pointer to row i (for a view whose
 // rows are contiguous).
 template <typename T>
