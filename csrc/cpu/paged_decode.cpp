@@ -191,8 +191,10 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     // Row pointers (token entries) of this tile and of the next one, which is being prefetched.
     std::vector<const scalar_t*> krows(kTileMax), vrows(kTileMax), next_krows(kTileMax), next_vrows(kTileMax);
     TilePrefetcher pf;
-    // fp32 copies of one KV head's tile rows, when `convert`
-    std::vector<float> kf(convert ? kTileMax * p.Dk : 0), vf(convert && !v_in_k ? kTileMax * p.Dv : 0);
+    // fp32 copies of one KV head's tile rows, when `convert` (147 KiB for MLA: left uninitialised, as every row used
+    // is written first)
+    std::unique_ptr<float[]> kf(convert ? new float[kTileMax * p.Dk] : nullptr),
+        vf(convert && !v_in_k ? new float[kTileMax * p.Dv] : nullptr);
     for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
       const int64_t len = p.seq_lens[t];
@@ -244,18 +246,18 @@ void paged_decode_impl(const PagedDecodeParams& p) {
             std::fill(st.begin(), st.begin() + n * G, 0.f);
             const Strided<float> qh{qt.data() + kvh * p.Dk * G, G, 1};
             if (convert) {
-              for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dk, kf.data() + i * p.Dk);
-              gemm_acc(n, G, p.Dk, Strided<float>{kf.data(), p.Dk, 1}, qh, st.data(), G, pf);
+              for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dk, kf.get() + i * p.Dk);
+              gemm_acc(n, G, p.Dk, Strided<float>{kf.get(), p.Dk, 1}, qh, st.data(), G, pf);
             } else {
               gemm_acc(n, G, p.Dk, k, qh, st.data(), G, pf);
             }
           }
           softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
           if (convert && v_in_k) {
-            gemm_acc(G, p.Dv, n, pt, Strided<float>{kf.data(), p.Dk, 1}, oh, p.Dv, pf);
+            gemm_acc(G, p.Dv, n, pt, Strided<float>{kf.get(), p.Dk, 1}, oh, p.Dv, pf);
           } else if (convert) {
-            for (int64_t i = 0; i < n; ++i) convert_row(v.row(i), p.Dv, vf.data() + i * p.Dv);
-            gemm_acc(G, p.Dv, n, pt, Strided<float>{vf.data(), p.Dv, 1}, oh, p.Dv, pf);
+            for (int64_t i = 0; i < n; ++i) convert_row(v.row(i), p.Dv, vf.get() + i * p.Dv);
+            gemm_acc(G, p.Dv, n, pt, Strided<float>{vf.get(), p.Dv, 1}, oh, p.Dv, pf);
           } else {
             gemm_acc(G, p.Dv, n, pt, v, oh, p.Dv, pf);
           }
