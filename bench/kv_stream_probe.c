@@ -1,7 +1,7 @@
 // How fast can one thread stream a paged KV cache while doing GQA's arithmetic on it? A probe for RESULTS.md, not
 // part of the library. Reads K and V blocks of 16 KiB (16 tokens x 2 KV heads x 128 fp32, the bench's GQA fp32
-// layout) in random block order, doing 8 FMAs on every loaded 8-float vector (GQA's 8 query heads per KV head; none with FMAS=0),
-// and prints GB/s of K + V read (median and best of 7 passes over 1 GiB).
+// layout) in random block order, doing 8 FMAs on every loaded 8-float vector (GQA's 8 query heads per KV head; none
+// with FMAS=0), and prints GB/s of K + V read (median and best of 7 passes over 1 GiB).
 //   order: head  = K rows of head 0 for 8 tokens, V the same, then head 1 (the order of the decode kernel's tiles)
 //          token = K rows of both heads for 8 tokens, then V (sequential within a block)
 //   pf:    none  = hardware prefetchers only
@@ -46,8 +46,7 @@ static void *stream(void *arg) {
       }
     size_t next_line = 0;  // "next": one K and one V line of the next block per 4 vectors (both run out together)
     for (int half = 0; half < 2; ++half)
-      for (int pass = 0; pass < 4; ++pass) {  // head order: (h0 K, h0 V, h1 K, h1 V); token order: (K, V) once
-        if (token_order && pass >= 2) break;
+      for (int pass = 0; pass < (token_order ? 2 : 4); ++pass) {  // head: h0 K, h0 V, h1 K, h1 V; token: K, V
         const float *base = ((token_order ? pass : pass & 1) ? v : k) + half * 8 * kRowFloats +
                             (token_order ? 0 : (pass >> 1) * kHeadFloats);
         const int row_floats = token_order ? kRowFloats : kHeadFloats;
@@ -85,7 +84,12 @@ int main(int argc, char **argv) {
   prefetch = strcmp(argv[2], "next") == 0 ? 1 : strcmp(argv[2], "warm") == 0 ? 2 : 0;
   threads = atoi(argv[3]);
   fmas = argc > 4 ? atoi(argv[4]) : 8;
-  if (threads < 1 || threads > 64 || (fmas != 0 && fmas != 8)) return 2;
+  if ((!token_order && strcmp(argv[1], "head") != 0) || (prefetch == 0 && strcmp(argv[2], "none") != 0) ||
+      threads < 1 || threads > 64 || (fmas != 0 && fmas != 8)) {
+    fprintf(stderr, "expected ORDER head|token, PF none|next|warm, THREADS 1-64, FMAS 8|0; got %s %s %s %s\n",
+            argv[1], argv[2], argv[3], argc > 4 ? argv[4] : "8");
+    return 2;
+  }
   const size_t bytes = (size_t)1 << 29;  // per cache: 1 GiB of K + V in all
   num_blocks = bytes / kBlock;
   kcache = mmap(NULL, 2 * bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
