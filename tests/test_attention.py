@@ -58,6 +58,25 @@ def test_gqa_empty_sequences_give_zero_and_neg_inf():
     assert torch.isfinite(lse[1]).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_batch_gives_empty_outputs(dtype):
+    """T = 0 (no decode requests this step): both ops and the reference return [0, H, D] outputs and [0, H] LSE."""
+    gen = torch.Generator().manual_seed(2)
+    k, _ = paged_cache([5], 4, (2, 64), dtype, gen)
+    table, seq_lens = torch.zeros(0, 3, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)
+    out, lse = dcp_ops.gqa_decode_partial(randn(0, 8, 64, dtype=dtype, gen=gen), k, k, table, seq_lens, 0.125)
+    r_out, r_lse = ref.gqa_decode_partial(randn(0, 8, 64, dtype=dtype, gen=gen), k, k, table, seq_lens, 0.125)
+    assert out.shape == r_out.shape == (0, 8, 64) and out.dtype == dtype
+    assert lse.shape == r_lse.shape == (0, 8) and lse.dtype == torch.float32
+    kv, _ = paged_cache([5], 4, (32 + 16,), dtype, gen)
+    w_uv = randn(4, 32, 24, dtype=dtype, gen=gen)
+    args = (randn(0, 4, 32, dtype=dtype, gen=gen), randn(0, 4, 16, dtype=dtype, gen=gen), kv, table, seq_lens, 0.2)
+    out, lse = dcp_ops.mla_decode_partial(*args, w_uv=w_uv)
+    r_out, r_lse = ref.mla_decode_partial(*args, w_uv=w_uv)
+    assert out.shape == r_out.shape == (0, 4, 24) and out.dtype == dtype
+    assert lse.shape == r_lse.shape == (0, 4) and lse.dtype == torch.float32
+
+
 def test_gqa_accepts_strided_views_of_a_combined_cache():
     gen = torch.Generator().manual_seed(1)
     kv = torch.randn(2, 6, 16, 2, 128, generator=gen)  # [2, num_blocks, block_size, H_kv, D]
