@@ -30,8 +30,8 @@ def gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, scale):
     """(out [T, H_q, D], lse [T, H_q]) float64; query head h reads KV head h // (H_q / H_kv)."""
     T, Hq, _ = q.shape
     group = Hq // k_cache.shape[2]
-    out = torch.zeros(T, Hq, v_cache.shape[-1], dtype=torch.float64)
-    lse = torch.zeros(T, Hq, dtype=torch.float64)
+    out = torch.zeros(T, Hq, v_cache.shape[-1], dtype=torch.float64, device=q.device)
+    lse = torch.zeros(T, Hq, dtype=torch.float64, device=q.device)
     for t in range(T):
         n = int(seq_lens[t])
         k = _gather_tokens(k_cache, block_table, t, n).repeat_interleave(group, dim=1)
@@ -48,8 +48,8 @@ def mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_u
     if w_uk is not None:
         q_lat = torch.einsum("thn,hnl->thl", q_lat, w_uk.double())
     q = torch.cat([q_lat, q_pe.double()], -1)
-    out = torch.zeros(T, H, latent, dtype=torch.float64)
-    lse = torch.zeros(T, H, dtype=torch.float64)
+    out = torch.zeros(T, H, latent, dtype=torch.float64, device=q.device)
+    lse = torch.zeros(T, H, dtype=torch.float64, device=q.device)
     for t in range(T):
         rows = _gather_tokens(kv_cache, block_table, t, int(seq_lens[t]))  # [L, Dl + Dr]
         k = rows[:, None, :].expand(-1, H, -1)

@@ -64,8 +64,9 @@ def test_empty_batch_gives_empty_outputs(dtype):
     gen = torch.Generator().manual_seed(2)
     k, _ = paged_cache([5], 4, (2, 64), dtype, gen)
     table, seq_lens = torch.zeros(0, 3, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)
-    out, lse = dcp_ops.gqa_decode_partial(randn(0, 8, 64, dtype=dtype, gen=gen), k, k, table, seq_lens, 0.125)
-    r_out, r_lse = ref.gqa_decode_partial(randn(0, 8, 64, dtype=dtype, gen=gen), k, k, table, seq_lens, 0.125)
+    q = randn(0, 8, 64, dtype=dtype, gen=gen)
+    out, lse = dcp_ops.gqa_decode_partial(q, k, k, table, seq_lens, 0.125)
+    r_out, r_lse = ref.gqa_decode_partial(q, k, k, table, seq_lens, 0.125)
     assert out.shape == r_out.shape == (0, 8, 64) and out.dtype == dtype
     assert lse.shape == r_lse.shape == (0, 8) and lse.dtype == torch.float32
     kv, _ = paged_cache([5], 4, (32 + 16,), dtype, gen)
