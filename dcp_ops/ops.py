@@ -99,15 +99,27 @@ def write_kv(cache: Tensor, new: Tensor, slot_mapping: Tensor) -> None:
     _ops.write_kv(cache, new, slot_mapping)
 
 
-# Fake (meta) kernels so torch.compile and FakeTensor can trace the ops.
+# Fake (meta) kernels so torch.compile and FakeTensor can trace the ops. They also run when an eager call mixes a meta
+# tensor with real ones (dispatch picks Meta), so each first checks that every tensor argument is on one device, as the
+# native validators do (those cannot run here: they call sizes(), which symbolic shapes do not have).
+def _same_device(op: str, ref_name: str, ref: Tensor, **others: Optional[Tensor]) -> None:
+    for name, t in others.items():
+        if t is not None and t.device != ref.device:
+            raise RuntimeError(f"{op}: {name} must be on the same device as {ref_name} ({ref.device}), got {t.device}")
+
+
 @torch.library.register_fake("dcp_ops::gqa_decode_partial")
 def _gqa_fake(q, k_cache, v_cache, block_table, seq_lens, scale):
+    _same_device("gqa_decode_partial", "q", q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                 seq_lens=seq_lens)
     T, H, D = q.shape
     return q.new_empty((T, H, D)), q.new_empty((T, H), dtype=torch.float32)
 
 
 @torch.library.register_fake("dcp_ops::mla_decode_partial")
 def _mla_fake(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk=None, w_uv=None):
+    _same_device("mla_decode_partial", "q_nope", q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table,
+                 seq_lens=seq_lens, w_uk=w_uk, w_uv=w_uv)
     T, H, _ = q_nope.shape
     d_out = w_uv.shape[-1] if w_uv is not None else kv_cache.shape[-1] - q_pe.shape[-1]
     return q_nope.new_empty((T, H, d_out)), q_nope.new_empty((T, H), dtype=torch.float32)
@@ -115,25 +127,30 @@ def _mla_fake(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk=None, w
 
 @torch.library.register_fake("dcp_ops::merge_partials")
 def _merge_fake(outs, lses, lse_base=math.e):
+    _same_device("merge_partials", "outs", outs, lses=lses)
     _, T, H, D = outs.shape
     return outs.new_empty((T, H, D)), lses.new_empty((T, H))
 
 
 @torch.library.register_fake("dcp_ops::correct_partial")
 def _correct_fake(out, lses, rank, lse_base=math.e):
+    _same_device("correct_partial", "out", out, lses=lses)
     return lses.new_empty(lses.shape[1:])
 
 
 @torch.library.register_fake("dcp_ops::pack_exchange")
 def _pack_fake(out, lse, send):
+    _same_device("pack_exchange", "out", out, lse=lse, send=send)
     return None
 
 
 @torch.library.register_fake("dcp_ops::merge_exchange")
 def _merge_exchange_fake(recv, out, lse):
+    _same_device("merge_exchange", "recv", recv, out=out, lse=lse)
     return None
 
 
 @torch.library.register_fake("dcp_ops::write_kv")
 def _write_kv_fake(cache, new, slot_mapping):
+    _same_device("write_kv", "cache", cache, new=new, slot_mapping=slot_mapping)
     return None

@@ -129,3 +129,34 @@ WRITE_BAD = [
 def test_write_kv_rejects(args, msg):
     with pytest.raises(RuntimeError, match="write_kv: " + msg):
         dcp_ops.write_kv(*args)
+
+
+def _on_meta(args, name):
+    return {k: (v.to("meta") if k == name else v) for k, v in args.items()}
+
+
+# One argument on another device than the rest. Without a GPU the other device is meta, whose kernel (the fake one)
+# then runs instead of the CPU one: it must refuse, not return empty outputs.
+DEVICE_CASES = (
+    [("gqa_decode_partial", gqa_args(), name) for name in ("q", "k_cache", "v_cache", "block_table", "seq_lens")]
+    + [("mla_decode_partial", mla_args(w_uk=torch.randn(4, 32, 32), q_nope=torch.randn(2, 4, 32),
+                                       w_uv=torch.randn(4, 32, 8)), name)
+       for name in ("q_nope", "q_pe", "kv_cache", "block_table", "seq_lens", "w_uk", "w_uv")]
+    + [("merge_partials", dict(outs=torch.randn(2, 3, 4, 8), lses=torch.randn(2, 3, 4)), name)
+       for name in ("outs", "lses")]
+    + [("correct_partial", dict(out=torch.randn(3, 4, 8), lses=torch.randn(2, 3, 4), rank=0), name)
+       for name in ("out", "lses")]
+    + [("pack_exchange", dict(out=torch.randn(2, 4, 8), lse=torch.randn(2, 4), world_size=2,
+                              send=torch.empty(2, 2, 2, 12)), name) for name in ("out", "lse", "send")]
+    + [("merge_exchange", dict(recv=torch.randn(2, 1, 2, 12), out=torch.empty(1, 2, 8), lse=torch.empty(1, 2)), name)
+       for name in ("recv", "out", "lse")]
+    + [("write_kv", dict(cache=torch.zeros(4, 8, 16), new=torch.zeros(2, 16),
+                         slot_mapping=torch.tensor([1, -1], dtype=I32)), name)
+       for name in ("cache", "new", "slot_mapping")]
+)
+
+
+@pytest.mark.parametrize("op,args,name", DEVICE_CASES, ids=[f"{op}-{name}" for op, _, name in DEVICE_CASES])
+def test_mixed_devices_rejected(op, args, name):
+    with pytest.raises(RuntimeError, match=f"{op}: .* must be on the same device as .*got (meta|cpu)"):
+        getattr(dcp_ops, op)(**_on_meta(args, name))
