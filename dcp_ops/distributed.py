@@ -138,7 +138,8 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
                  workspace: Optional[Workspace] = None) -> Tuple[Tensor, Tensor]:
     """Exact merge of every rank's partial (out [T, H, D], lse [T, H] natural) by `mode`.
 
-    Returns this rank's heads (out [T, H/N, D], lse [T, H/N]), or all heads for mode="ag".
+    Returns this rank's heads (out [T, H/N, D], lse [T, H/N]), or all heads for mode="ag". Mode "ag_rs" rescales
+    `out` in place first (as vLLM's cp_lse_ag_out_rs does); "a2a" and "ag" leave it as it was.
     """
     if mode not in MODES:
         raise ValueError(f"merge_across: mode must be one of {MODES}, got {mode!r}")

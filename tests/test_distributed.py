@@ -73,6 +73,16 @@ def _worker(rank, world, init_file, split):
                         assert err < 2e-5, f"rank {rank} {kind} absorb={absorb} I={interleave} {mode}: err {err}"
                         assert lse.dtype == torch.float32
                         assert bool((lse[1] == float("-inf")).all())  # request 1 is empty on every rank
+                if kind == "gqa" and interleave == 1:  # merge_across: only ag_rs rescales its input, in place
+                    part, part_lse = dcp_ops.gqa_decode_partial(c["q"], *shards, c["table"], local, c["scale"])
+                    for mode in ("a2a", "ag", "ag_rs"):
+                        mine_out = part.clone()
+                        _, total = dcp_ops.merge_across(mine_out, part_lse, group, mode=mode)
+                        if mode == "ag_rs":
+                            scale = (part_lse[:, mine] - total).exp().nan_to_num(0.0).unsqueeze(-1)
+                            torch.testing.assert_close(mine_out[:, mine], part[:, mine] * scale)
+                        else:
+                            assert torch.equal(mine_out, part), mode
                 if kind == "mla" and interleave == 1:  # a rope_dim the query cannot hold is refused by name
                     bad = dataclasses.replace(shard, rope_dim=c["q"].shape[-1])
                     with pytest.raises(ValueError, match="MLAShard.rope_dim must be in"):
