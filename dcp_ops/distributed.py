@@ -16,6 +16,11 @@ from . import ops
 Tensor = torch.Tensor
 MODES = ("a2a", "ag_rs", "ag")
 
+# Newer torch names these all_gather_single / reduce_scatter_single and deprecates the old names; older torch (2.11,
+# say, which engines still pin) has only all_gather_into_tensor / reduce_scatter_tensor. Same arguments either way.
+_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 @dataclass
 class GQAShard:
@@ -59,7 +64,7 @@ class Workspace:
 
 def _all_gather(out: Tensor, inp: Tensor, group) -> None:
     """out [N, *inp.shape] <- every rank's inp, rank-major (c10d wants the gathered dim flattened)."""
-    dist.all_gather_single(out.view(-1, *inp.shape[1:]), inp.contiguous(), group=group)
+    _gather_into(out.view(-1, *inp.shape[1:]), inp.contiguous(), group=group)
 
 
 def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard]) -> Tuple[Tensor, Tensor]:
@@ -163,7 +168,7 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
         send = ws.get("rs_send", (n, T, h_loc, D), out.dtype, out.device)
         send.copy_(out.view(T, n, h_loc, D).transpose(0, 1))
         res = ws.get("out", (T, h_loc, D), out.dtype, out.device)
-        dist.reduce_scatter_single(res.view(-1, D), send.view(-1, D), group=group)
+        _reduce_scatter(res.view(-1, D), send.view(-1, D), group=group)
         return res, total[:, rank * h_loc:(rank + 1) * h_loc]
     outs = ws.get("ag_outs", (n, T, H, D), out.dtype, out.device)
     lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
