@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# GPU check in one command: build with CUDA, run the test suite on the GPU, benchmark every CUDA kernel, run the demo
-# on GPU ranks (NCCL), and append both tables to bench/RESULTS.md. Exits 2 (and says so) where no GPU is found.
+# GPU check in one command: build with CUDA, run the GPU tests, benchmark every CUDA kernel, run the demo on GPU ranks
+# (NCCL), append all of it to bench/RESULTS.md, then run the whole test suite. Exits 2 (and says so) where no GPU is
+# found, and non-zero when any test failed (the benchmark and demo still run, so one try records everything).
+#
+# A GPU machine's image often brings torch and has no network: when `python3` (or $PYTHON) already imports torch
+# with a GPU, pytest and hypothesis, the extension is built against it and nothing is installed. Otherwise
+# scripts/setup.sh makes .venv as on a CPU machine. Logs go to $DCP_GPU_LOGS (default /tmp).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -9,25 +14,41 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
+logs=${DCP_GPU_LOGS:-/tmp}
+mkdir -p "$logs"
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$cap}" DCP_OPS_CUDA=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-bash scripts/setup.sh
-.venv/bin/python -m pytest -q tests 2>&1 | tee /tmp/dcp_gpu_tests.log
-.venv/bin/python bench/gpu/bench_cuda.py --json bench/gpu/last.json | tee /tmp/dcp_gpu_bench.txt
-.venv/bin/python -m dcp_ops demo --device cuda --dtype bfloat16 | tee /tmp/dcp_gpu_demo.txt
+if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
+PY=${PYTHON:-python3}
+if "$PY" -c "import torch, pytest, hypothesis; assert torch.cuda.is_available()" 2>/dev/null; then
+  echo "bench/gpu/run.sh: building against $("$PY" -c 'import sys, torch; print(sys.executable, "torch", torch.__version__)')"
+  "$PY" setup.py -q build_ext --inplace
+else
+  bash scripts/setup.sh
+  PY=.venv/bin/python
+fi
+
+status=0
+"$PY" -m pytest -q tests/test_cuda.py 2>&1 | tee "$logs/dcp_gpu_tests.log" || status=1
+"$PY" bench/gpu/bench_cuda.py --json "$logs/dcp_gpu_bench.json" 2>&1 | tee "$logs/dcp_gpu_bench.txt" || status=1
+"$PY" -m dcp_ops demo --device cuda --dtype bfloat16 2>&1 | tee "$logs/dcp_gpu_demo.txt" || status=1
 {
   echo
-  echo "## GPU — $(date -u +%Y-%m-%d), $gpu (sm_${cap/./}), \`bash bench/gpu/run.sh\`"
+  echo "## GPU — $(date -u +%Y-%m-%d), $gpu (sm_${cap/./}), torch $("$PY" -c 'import torch; print(torch.__version__)'), \`bash bench/gpu/run.sh\`"
   echo
-  echo "Tests: $(tail -1 /tmp/dcp_gpu_tests.log)"
+  echo "GPU tests (tests/test_cuda.py): $(tail -1 "$logs/dcp_gpu_tests.log")"
   echo
   echo '```'
-  cat /tmp/dcp_gpu_bench.txt
+  cat "$logs/dcp_gpu_bench.txt"
   echo '```'
   echo
   echo '`python -m dcp_ops demo --device cuda --dtype bfloat16`:'
   echo
   echo '```'
-  cat /tmp/dcp_gpu_demo.txt
+  cat "$logs/dcp_gpu_demo.txt"
   echo '```'
 } >> bench/RESULTS.md
-echo "appended to bench/RESULTS.md"
+cp bench/RESULTS.md "$logs/RESULTS.md"
+echo "appended to bench/RESULTS.md (copy in $logs/RESULTS.md)"
+"$PY" -m pytest -q tests 2>&1 | tee "$logs/dcp_all_tests.log" || status=1
+echo "bench/gpu/run.sh: whole suite on the GPU machine: $(tail -1 "$logs/dcp_all_tests.log")"
+exit $status
