@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One-time (and incremental) setup on a fresh machine: a virtualenv in .venv with torch 2.14.1, the test tools,
+# One-time (and incremental) setup on a fresh machine: a virtualenv in .venv with torch 2.14.1 and numpy (without
+# it torch warns on every import, i.e. in every demo rank), the test tools,
 # and dcp_ops._C built in place (CUDA sources too when nvcc is found; see setup.py for the switches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.14.1 pytest hypothesis ninja setuptools
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.14.1 numpy pytest hypothesis ninja setuptools
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
 .venv/bin/python setup.py -q build_ext --inplace
 .venv/bin/python -c "import dcp_ops, torch; print('dcp_ops', dcp_ops.__version__, 'built; CPU ISA', dcp_ops._C.cpu_isa, '; CUDA kernels', bool(dcp_ops._C.with_cuda), '; torch', torch.__version__)"
