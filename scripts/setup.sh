@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One-time (and incremental) setup on a fresh machine: a virtualenv in .venv with torch 2.14.1 and numpy (without
-# it torch warns on every import, i.e. in every demo rank), the test tools,
-# and dcp_ops._C built in place (CUDA sources too when nvcc is found; see setup.py for the switches).
+# One-time (and incremental) setup on a fresh machine: a virtualenv in .venv with torch 2.14.1, numpy (without it
+# torch warns on every import), the test tools, and dcp_ops._C built in place (CUDA sources too when nvcc is found;
+# see setup.py for the switches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
