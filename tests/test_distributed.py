@@ -69,9 +69,8 @@ def _worker(rank, world, init_file, split):
                         q = c["q"] if replicated else c["q"][:, mine].contiguous()
                         out, lse = dcp_ops.dcp_attention(q, shard, group, mode=mode, q_replicated=replicated,
                                                          return_lse=True, workspace=ws)
-                        # "ag" returns every head; the other modes this rank's
-                        want, want_lse = (want_all, want_lse_all) if mode == "ag" else (want_all[:, mine],
-                                                                                        want_lse_all[:, mine])
+                        heads = slice(None) if mode == "ag" else mine  # "ag" returns every head
+                        want, want_lse = want_all[:, heads], want_lse_all[:, heads]
                         what = f"rank {rank} {kind} absorb={absorb} I={interleave} {mode} q_replicated={replicated}"
                         assert_matches(out, want, torch.float32, what)
                         assert bool((lse[1] == float("-inf")).all())  # request 1 is empty on every rank
