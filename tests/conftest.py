@@ -1,3 +1,4 @@
+import datetime
 import math
 import os
 import sys
@@ -39,6 +40,15 @@ def paged_cache(lens, block_size, entry, dtype, gen, extra_blocks=2):
 
 def randn(*shape, dtype=torch.float32, gen=None, scale=1.0):
     return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+def init_gloo(rank, world, init_file):
+    """A spawned test rank joins a gloo group. Workers end with a barrier and destroy_process_group, not in a
+    `finally`: a rank that fails exits at once, so spawn reports its error (its peers' collectives then fail on the
+    closed connections); the one-minute timeout is the backstop (gloo's default is 30 minutes)."""
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                         timeout=datetime.timedelta(seconds=60))
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 
 import dcp_ops
 from dcp_ops import reference as ref
+from conftest import init_gloo
 from tolerances import assert_lse_matches, assert_matches
 
 
@@ -41,57 +42,54 @@ def _expected(c):
 
 
 def _worker(rank, world, init_file, split):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        if split:  # two DCP groups of world/2 ranks inside the world (as TP 4 / DCP 2)
-            n = world // 2
-            groups = [dist.new_group(list(range(g * n, (g + 1) * n))) for g in range(2)]
-            group, grank, gsize = groups[rank // n], rank % n, n
-        else:
-            group, grank, gsize = None, rank, world
-        for kind, absorb, rope in (("gqa", False, 0), ("mla", False, 16), ("mla", True, 16), ("mla", True, 0)):
-            for interleave in (1, 4):
-                c = _case(gsize, kind, absorb, interleave, torch.Generator().manual_seed(7), rope)
-                seq_lens = torch.tensor(c["lens"], dtype=torch.int32)
-                local = dcp_ops.local_seq_lens(seq_lens, gsize, grank, interleave)
-                shards = [dcp_ops.shard_kv(x, c["table"], seq_lens, gsize, interleave, fill=float("nan"))[grank]
-                          for x in c["caches"]]
-                shard = (dcp_ops.GQAShard(shards[0], shards[1], c["table"], local, c["scale"]) if kind == "gqa" else
-                         dcp_ops.MLAShard(shards[0], c["table"], local, c["scale"], rope, c["w_uk"], c["w_uv"]))
-                H = c["q"].shape[1]
-                h_loc = H // gsize
-                mine = slice(grank * h_loc, (grank + 1) * h_loc)
-                want_all, want_lse_all = _expected(c)
-                ws = dcp_ops.Workspace()
-                for mode in ("a2a", "ag_rs", "ag"):
-                    for replicated in (False, True):
-                        q = c["q"] if replicated else c["q"][:, mine].contiguous()
-                        out, lse = dcp_ops.dcp_attention(q, shard, group, mode=mode, q_replicated=replicated,
-                                                         return_lse=True, workspace=ws)
-                        heads = slice(None) if mode == "ag" else mine  # "ag" returns every head
-                        want, want_lse = want_all[:, heads], want_lse_all[:, heads]
-                        what = f"rank {rank} {kind} absorb={absorb} I={interleave} {mode} q_replicated={replicated}"
-                        assert_matches(out, want, torch.float32, what)
-                        assert bool((lse[1] == float("-inf")).all())  # request 1 is empty on every rank
-                        assert_lse_matches(lse, want_lse, what)
-                if kind == "gqa" and interleave == 1:  # merge_across: only ag_rs rescales its input, in place
-                    part, part_lse = dcp_ops.gqa_decode_partial(c["q"], *shards, c["table"], local, c["scale"])
-                    for mode in ("a2a", "ag", "ag_rs"):
-                        mine_out = part.clone()
-                        _, total = dcp_ops.merge_across(mine_out, part_lse, group, mode=mode)
-                        if mode == "ag_rs":
-                            scale = (part_lse[:, mine] - total).exp().nan_to_num(0.0).unsqueeze(-1)
-                            torch.testing.assert_close(mine_out[:, mine], part[:, mine] * scale)
-                        else:
-                            assert torch.equal(mine_out, part), mode
-                if kind == "mla" and interleave == 1:  # a rope_dim the query cannot hold is refused by name
-                    bad = dataclasses.replace(shard, rope_dim=c["q"].shape[-1])
-                    with pytest.raises(ValueError, match="MLAShard.rope_dim must be in"):
-                        dcp_ops.dcp_attention(c["q"], bad, group, q_replicated=True)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+    init_gloo(rank, world, init_file)
+    if split:  # two DCP groups of world/2 ranks inside the world (as TP 4 / DCP 2)
+        n = world // 2
+        groups = [dist.new_group(list(range(g * n, (g + 1) * n))) for g in range(2)]
+        group, grank, gsize = groups[rank // n], rank % n, n
+    else:
+        group, grank, gsize = None, rank, world
+    for kind, absorb, rope in (("gqa", False, 0), ("mla", False, 16), ("mla", True, 16), ("mla", True, 0)):
+        for interleave in (1, 4):
+            c = _case(gsize, kind, absorb, interleave, torch.Generator().manual_seed(7), rope)
+            seq_lens = torch.tensor(c["lens"], dtype=torch.int32)
+            local = dcp_ops.local_seq_lens(seq_lens, gsize, grank, interleave)
+            shards = [dcp_ops.shard_kv(x, c["table"], seq_lens, gsize, interleave, fill=float("nan"))[grank]
+                      for x in c["caches"]]
+            shard = (dcp_ops.GQAShard(shards[0], shards[1], c["table"], local, c["scale"]) if kind == "gqa" else
+                     dcp_ops.MLAShard(shards[0], c["table"], local, c["scale"], rope, c["w_uk"], c["w_uv"]))
+            H = c["q"].shape[1]
+            h_loc = H // gsize
+            mine = slice(grank * h_loc, (grank + 1) * h_loc)
+            want_all, want_lse_all = _expected(c)
+            ws = dcp_ops.Workspace()
+            for mode in ("a2a", "ag_rs", "ag"):
+                for replicated in (False, True):
+                    q = c["q"] if replicated else c["q"][:, mine].contiguous()
+                    out, lse = dcp_ops.dcp_attention(q, shard, group, mode=mode, q_replicated=replicated,
+                                                     return_lse=True, workspace=ws)
+                    heads = slice(None) if mode == "ag" else mine  # "ag" returns every head
+                    want, want_lse = want_all[:, heads], want_lse_all[:, heads]
+                    what = f"rank {rank} {kind} absorb={absorb} I={interleave} {mode} q_replicated={replicated}"
+                    assert_matches(out, want, torch.float32, what)
+                    assert bool((lse[1] == float("-inf")).all())  # request 1 is empty on every rank
+                    assert_lse_matches(lse, want_lse, what)
+            if kind == "gqa" and interleave == 1:  # merge_across: only ag_rs rescales its input, in place
+                part, part_lse = dcp_ops.gqa_decode_partial(c["q"], *shards, c["table"], local, c["scale"])
+                for mode in ("a2a", "ag", "ag_rs"):
+                    mine_out = part.clone()
+                    _, total = dcp_ops.merge_across(mine_out, part_lse, group, mode=mode)
+                    if mode == "ag_rs":
+                        scale = (part_lse[:, mine] - total).exp().nan_to_num(0.0).unsqueeze(-1)
+                        torch.testing.assert_close(mine_out[:, mine], part[:, mine] * scale)
+                    else:
+                        assert torch.equal(mine_out, part), mode
+            if kind == "mla" and interleave == 1:  # a rope_dim the query cannot hold is refused by name
+                bad = dataclasses.replace(shard, rope_dim=c["q"].shape[-1])
+                with pytest.raises(ValueError, match="MLAShard.rope_dim must be in"):
+                    dcp_ops.dcp_attention(c["q"], bad, group, q_replicated=True)
+    dist.barrier()  # no rank leaves while another still exchanges
+    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world,split", [(2, False), (3, False), (4, True), (6, True)])

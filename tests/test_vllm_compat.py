@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from conftest import init_gloo
 from dcp_ops.compat import vllm as V
 
 INF, NAN = math.inf, math.nan
@@ -85,25 +86,22 @@ def test_mask_empty_lse():
 
 
 def _worker(rank, world, init_file):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        outs, lses = partials(world, 3, 2 * world, 8, 1)
-        for base_e in (True, False):
-            base = math.e if base_e else 2.0
-            w, o, total = formula(outs, lses, base)
-            merged = (w[..., None] * o).sum(0)
-            mine = slice(rank * 2, rank * 2 + 2)
-            for fn, heads in ((V.cp_lse_ag_out_rs, mine), (V.dcp_a2a_lse_reduce, mine),
-                              (V.cp_lse_ag_out_ar, slice(None))):
-                out, lse = fn(outs[rank].clone(), lses[rank].clone(), dist.group.WORLD, None, return_lse=True,
-                              is_lse_base_on_e=base_e)
-                torch.testing.assert_close(out.double(), merged[:, heads], rtol=1e-5, atol=1e-6,
-                                           msg=lambda m: f"{fn.__name__} base_e={base_e}: {m}")
-                torch.testing.assert_close(lse.double(), total[:, heads], rtol=1e-6, atol=1e-5)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+    init_gloo(rank, world, init_file)
+    outs, lses = partials(world, 3, 2 * world, 8, 1)
+    for base_e in (True, False):
+        base = math.e if base_e else 2.0
+        w, o, total = formula(outs, lses, base)
+        merged = (w[..., None] * o).sum(0)
+        mine = slice(rank * 2, rank * 2 + 2)
+        for fn, heads in ((V.cp_lse_ag_out_rs, mine), (V.dcp_a2a_lse_reduce, mine),
+                          (V.cp_lse_ag_out_ar, slice(None))):
+            out, lse = fn(outs[rank].clone(), lses[rank].clone(), dist.group.WORLD, None, return_lse=True,
+                          is_lse_base_on_e=base_e)
+            torch.testing.assert_close(out.double(), merged[:, heads], rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"{fn.__name__} base_e={base_e}: {m}")
+            torch.testing.assert_close(lse.double(), total[:, heads], rtol=1e-6, atol=1e-5)
+    dist.barrier()  # no rank leaves while another still exchanges
+    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 3])
