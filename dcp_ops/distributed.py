@@ -95,8 +95,8 @@ def exchange_bytes(mode: str, T: int, H: int, d_out: int, world_size: int, dtype
     q = 0 if q_dim is None or q_replicated else (n - 1) * T * h_loc * q_dim * es  # ring all-gather
     if mode == "a2a":
         return q + (n - 1) * T * h_loc * (d_out + ops.exchange_pad(dtype)) * es
-    if mode == "ag_rs":
-        return q + (n - 1) * T * H * 4 + (n - 1) * T * h_loc * d_out * es
+    if mode == "ag_rs":  # the reduce-scatter carries fp32 terms, whatever the dtype (fp32 accumulation)
+        return q + (n - 1) * T * H * 4 + (n - 1) * T * h_loc * d_out * 4
     return q + (n - 1) * T * H * (4 + d_out * es)
 
 
@@ -143,8 +143,9 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
                  workspace: Optional[Workspace] = None) -> Tuple[Tensor, Tensor]:
     """Exact merge of every rank's partial (out [T, H, D], lse [T, H] natural) by `mode`.
 
-    Returns this rank's heads (out [T, H/N, D], lse [T, H/N]), or all heads for mode="ag". Mode "ag_rs" rescales
-    `out` in place first (as vLLM's cp_lse_ag_out_rs does); "a2a" and "ag" leave it as it was.
+    Returns this rank's heads (out [T, H/N, D], lse [T, H/N]), or all heads for mode="ag". Every mode sums in fp32.
+    Mode "ag_rs" rescales `out` in place first (as vLLM's cp_lse_ag_out_rs does) and reduce-scatters fp32 terms;
+    "a2a" and "ag" leave `out` as it was.
     """
     if mode not in MODES:
         raise ValueError(f"merge_across: mode must be one of {MODES}, got {mode!r}")
@@ -164,11 +165,22 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
     if mode == "ag_rs":
         lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
         _all_gather(lses, lse, group)
-        total = ops.correct_partial(out, lses, rank)
-        send = ws.get("rs_send", (n, T, h_loc, D), out.dtype, out.device)
-        send.copy_(out.view(T, n, h_loc, D).transpose(0, 1))
+        # The reduce-scatter does the merge's sum, so it gets fp32 terms (rescaled in fp32) and sums in fp32, as every
+        # mode does (DESIGN.md §2); a bf16 / fp16 sum rounded at each rank's term gave 1.6-4.6x the error of a
+        # same-precision merge at 4-8 ranks. `out` is still rescaled in place, rounded to its dtype.
+        part = out if out.dtype == torch.float32 else ws.get("rs_part", (T, H, D), torch.float32, out.device)
+        if part is not out:
+            part.copy_(out)
+        total = ops.correct_partial(part, lses, rank)
+        if part is not out:
+            out.copy_(part)
+        send = ws.get("rs_send", (n, T, h_loc, D), torch.float32, out.device)
+        send.copy_(part.view(T, n, h_loc, D).transpose(0, 1))
         res = ws.get("out", (T, h_loc, D), out.dtype, out.device)
-        _reduce_scatter(res.view(-1, D), send.view(-1, D), group=group)
+        summed = res if res.dtype == torch.float32 else ws.get("rs_sum", (T, h_loc, D), torch.float32, out.device)
+        _reduce_scatter(summed.view(-1, D), send.view(-1, D), group=group)
+        if summed is not res:
+            res.copy_(summed)
         return res, total[:, rank * h_loc:(rank + 1) * h_loc]
     outs = ws.get("ag_outs", (n, T, H, D), out.dtype, out.device)
     lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)

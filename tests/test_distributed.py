@@ -1,5 +1,6 @@
 """dcp_attention across real gloo process groups: each rank's result equals unsharded float64 attention for its heads."""
 import dataclasses
+import math
 import os
 import tempfile
 
@@ -11,7 +12,7 @@ import torch.multiprocessing as mp
 import dcp_ops
 from dcp_ops import reference as ref
 from conftest import init_gloo
-from tolerances import assert_lse_matches, assert_matches
+from tolerances import assert_lse_matches, assert_matches, assert_within_baseline
 
 
 def _case(world, kind, absorb, interleave, gen, rope=16):
@@ -96,6 +97,50 @@ def _worker(rank, world, init_file, split):
 def test_dcp_attention_matches_unsharded(world, split):
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_worker, args=(world, os.path.join(d, "store"), split), nprocs=world)
+
+
+def _low_precision_worker(rank, world, init_file):
+    """bf16 / fp16 in every mode: the merge accumulates in fp32 (DESIGN.md §2), so the result is within 2x of the
+    same-precision baseline: partials rounded to the dtype, merged exactly, rounded once (DESIGN.md §7)."""
+    init_gloo(rank, world, init_file)
+    gen = torch.Generator().manual_seed(11)
+    lens = torch.tensor([300, 0, 77, 513], dtype=torch.int32)
+    block_size, Hkv, G, D = 16, 1, 8 * world, 64
+    num_blocks = len(lens) * math.ceil(int(lens.max()) / block_size)
+    table = torch.randperm(num_blocks, generator=gen).view(len(lens), -1).int()
+    local = dcp_ops.local_seq_lens(lens, world, rank)
+    h_loc = Hkv * G // world
+    mine = slice(rank * h_loc, (rank + 1) * h_loc)
+    for dtype in (torch.bfloat16, torch.float16):
+        k, v = (torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype) for _ in range(2))
+        q = (torch.randn(len(lens), Hkv * G, D, generator=gen) * 2).to(dtype)
+        scale = D ** -0.5
+        want, _ = ref.gqa_decode_partial(q, k, v, table, lens, scale)
+        shards = [dcp_ops.shard_kv(x, table, lens, world, fill=float("nan")) for x in (k, v)]
+        parts = [ref.gqa_decode_partial(q, shards[0][r], shards[1][r], table,
+                                        dcp_ops.local_seq_lens(lens, world, r), scale) for r in range(world)]
+        base, _ = ref.merge_partials(torch.stack([p[0].to(dtype) for p in parts]),
+                                     torch.stack([p[1] for p in parts]))
+        shard = dcp_ops.GQAShard(shards[0][rank], shards[1][rank], table, local, scale)
+        for mode in ("a2a", "ag_rs", "ag"):
+            out = dcp_ops.dcp_attention(q[:, mine].contiguous(), shard, mode=mode)
+            heads = slice(None) if mode == "ag" else mine
+            assert out.dtype == dtype
+            assert_within_baseline(out, want[:, heads], base[:, heads].to(dtype), f"rank {rank} {dtype} {mode}")
+        # merge_across("ag_rs") still rescales a bf16 / fp16 input in place (its fp32 terms rounded to the dtype)
+        part, part_lse = dcp_ops.gqa_decode_partial(q, shards[0][rank], shards[1][rank], table, local, scale)
+        rescaled = part.clone()
+        _, total = dcp_ops.merge_across(rescaled, part_lse, mode="ag_rs")
+        w = (part_lse[:, mine] - total).exp().nan_to_num(0.0).unsqueeze(-1)
+        assert_matches(rescaled[:, mine], part[:, mine].double() * w, dtype, f"rank {rank} {dtype} ag_rs in place")
+    dist.barrier()  # no rank leaves while another still exchanges
+    dist.destroy_process_group()
+
+
+def test_dcp_attention_low_precision_merges_in_fp32():
+    world = 5
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_low_precision_worker, args=(world, os.path.join(d, "store")), nprocs=world)
 
 
 def test_exchange_bytes_shrinks_with_w_uv():

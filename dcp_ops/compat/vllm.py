@@ -47,7 +47,8 @@ def correct_attn_out(out: Tensor, lses: Tensor, cp_rank: int, ctx=None,
 
 def cp_lse_ag_out_rs(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=None, return_lse: bool = False,
                      is_lse_base_on_e: bool = True) -> Union[Tensor, Tuple[Tensor, Tensor]]:
-    """All-gather LSE, correct this rank's partial (in place), reduce-scatter over heads.
+    """All-gather LSE, correct this rank's partial (in place), reduce-scatter over heads, summing in fp32 (vLLM sums
+    in the output dtype).
 
     cp_attn_out [B, H, D], cp_attn_lse [B, H] -> out [B, H/N, D] (and lse [B, H/N] when return_lse).
     """
@@ -56,15 +57,21 @@ def cp_lse_ag_out_rs(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=Non
 
 def cp_lse_ag_out_ar(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=None, return_lse: bool = False,
                      is_lse_base_on_e: bool = True) -> Union[Tensor, Tuple[Tensor, Tensor]]:
-    """All-gather LSE, correct, all-reduce: every rank gets all heads [B, H, D] (and lse [B, H])."""
+    """All-gather LSE, correct, all-reduce, summing in fp32 (vLLM sums in the output dtype): every rank gets all heads
+    [B, H, D] (and lse [B, H]), in cp_attn_out."""
     pg = _pg(cp_group)
     n, rank = dist.get_world_size(pg), dist.get_rank(pg)
     if n == 1:
         return (cp_attn_out, cp_attn_lse) if return_lse else cp_attn_out
     lses = _gather_lses(cp_attn_lse, pg)
-    out, lse = correct_attn_out(cp_attn_out, lses, rank, ctx, is_lse_base_on_e)
+    # The all-reduce is the merge's sum: fp32 terms, summed in fp32 (a bf16 / fp16 sum would round at every rank's
+    # term), then stored back into cp_attn_out, which is returned as vLLM returns its corrected, reduced `out`.
+    out = cp_attn_out if cp_attn_out.dtype == torch.float32 else cp_attn_out.float()
+    out, lse = correct_attn_out(out, lses, rank, ctx, is_lse_base_on_e)
     dist.all_reduce(out, group=pg)
-    return (out, lse) if return_lse else out
+    if out is not cp_attn_out:
+        cp_attn_out.copy_(out)
+    return (cp_attn_out, lse) if return_lse else cp_attn_out
 
 
 def dcp_a2a_lse_reduce(cp_attn_out: Tensor, cp_attn_lse: Tensor, cp_group, ctx=None, return_lse: bool = False,
