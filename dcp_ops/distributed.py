@@ -168,18 +168,16 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
         # The reduce-scatter does the merge's sum, so it gets fp32 terms (rescaled in fp32) and sums in fp32, as every
         # mode does (DESIGN.md §2); a bf16 / fp16 sum rounded at each rank's term gave 1.6-4.6x the error of a
         # same-precision merge at 4-8 ranks. `out` is still rescaled in place, rounded to its dtype.
-        part = out if out.dtype == torch.float32 else ws.get("rs_part", (T, H, D), torch.float32, out.device)
-        if part is not out:
-            part.copy_(out)
+        fp32 = out.dtype == torch.float32
+        part = out if fp32 else ws.get("rs_part", (T, H, D), torch.float32, out.device).copy_(out)
         total = ops.correct_partial(part, lses, rank)
-        if part is not out:
-            out.copy_(part)
         send = ws.get("rs_send", (n, T, h_loc, D), torch.float32, out.device)
         send.copy_(part.view(T, n, h_loc, D).transpose(0, 1))
         res = ws.get("out", (T, h_loc, D), out.dtype, out.device)
-        summed = res if res.dtype == torch.float32 else ws.get("rs_sum", (T, h_loc, D), torch.float32, out.device)
+        summed = res if fp32 else ws.get("rs_sum", (T, h_loc, D), torch.float32, out.device)
         _reduce_scatter(summed.view(-1, D), send.view(-1, D), group=group)
-        if summed is not res:
+        if not fp32:
+            out.copy_(part)
             res.copy_(summed)
         return res, total[:, rank * h_loc:(rank + 1) * h_loc]
     outs = ws.get("ag_outs", (n, T, H, D), out.dtype, out.device)
