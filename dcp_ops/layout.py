@@ -61,7 +61,8 @@ def slot_mapping(block_table: Tensor, seq_ids: Tensor, positions: Tensor, block_
     """Flat cache slot of each new token on this rank, -1 where another rank owns it.
 
     block_table [B, max_blocks] (the same on every rank); seq_ids [T] block-table row of each token; positions [T]
-    global position of each token. Returns [T] in block_table's dtype.
+    global position of each token. Returns [T] in block_table's dtype. A token whose block-table entry is negative
+    (padding) is refused, never mapped to a slot.
     """
     fn = "slot_mapping"
     _check_int(block_table, fn, "block_table")
@@ -87,7 +88,12 @@ def slot_mapping(block_table: Tensor, seq_ids: Tensor, positions: Tensor, block_
         if need >= block_table.shape[1]:
             raise ValueError(f"{fn}: position {int(positions.max())} needs block-table column {need}, but "
                              f"block_table has {block_table.shape[1]} columns")
-    vblock = block_table[seq_ids.long(), (positions // (block_size * world_size)).long()]
+    col = positions // (block_size * world_size)
+    vblock = block_table[seq_ids.long(), col.long()]
+    if vblock.numel() and int(vblock.min()) < 0:  # uncovered token (at block size 1 its slot would be a silent -1)
+        t = int(torch.nonzero(vblock < 0)[0, 0])
+        raise ValueError(f"{fn}: block_table[{int(seq_ids[t])}, {int(col[t])}] = {int(vblock[t])} is the block of "
+                         f"token {t} (position {int(positions[t])}); block ids must be >= 0")
     j = local_index(positions, world_size, interleave)
     slots = vblock.to(positions.dtype) * block_size + j % block_size
     mine = owner_rank(positions, world_size, interleave) == rank

@@ -94,6 +94,10 @@ def test_layout_rejects_bad_arguments():
     with pytest.raises(ValueError, match="needs block-table column 2"):
         dcp_ops.slot_mapping(torch.zeros(1, 2, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
                              torch.tensor([64], dtype=torch.int32), 16, 2, 0)
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = -1 is the block of token 1 \(position 2\)"):
+        # block size 1: position 2's slot on its owner (rank 0) would be -1 * 1 + 0 = -1, a silently skipped token
+        dcp_ops.slot_mapping(torch.tensor([[3, -1]], dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                             torch.tensor([0, 2], dtype=torch.int32), 1, 2, 0)
     with pytest.raises(ValueError, match=r"seq_ids must be in \[0, B = 1\)"):
         dcp_ops.slot_mapping(torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
                              torch.zeros(1, dtype=torch.int32), 16, 2, 0)
