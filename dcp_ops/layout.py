@@ -80,15 +80,15 @@ def slot_mapping(block_table: Tensor, seq_ids: Tensor, positions: Tensor, block_
         if t.device != block_table.device:
             raise ValueError(f"{fn}: {name} must be on block_table's device {block_table.device}, got {t.device}")
     _check_nonneg(positions, fn, "positions")
+    col = positions // (block_size * world_size)  # block-table column (virtual block) of each token
     if seq_ids.numel():
         lo, hi = int(seq_ids.min()), int(seq_ids.max())
         if lo < 0 or hi >= block_table.shape[0]:
             raise ValueError(f"{fn}: seq_ids must be in [0, B = {block_table.shape[0]}), got range [{lo}, {hi}]")
-        need = int((positions // (block_size * world_size)).max())
+        need = int(col.max())
         if need >= block_table.shape[1]:
             raise ValueError(f"{fn}: position {int(positions.max())} needs block-table column {need}, but "
                              f"block_table has {block_table.shape[1]} columns")
-    col = positions // (block_size * world_size)
     vblock = block_table[seq_ids.long(), col.long()]
     if vblock.numel() and int(vblock.min()) < 0:  # uncovered token (at block size 1 its slot would be a silent -1)
         t = int(torch.nonzero(vblock < 0)[0, 0])
