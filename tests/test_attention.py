@@ -159,6 +159,22 @@ def test_mla_deepseek_shape_with_absorption():
     assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == -math.inf).all())
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_mla_fp32_sharp_softmax_stays_within_tolerance(seed):
+    """DeepSeek's 16 heads of 512 + 64 with w_uk absorbed, at 3x its softmax scale (sharp attention, as large query
+    and key channels give): every score sums 576 products, and the fp32 output stays within the table's 1e-5."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = [2000, 1500]
+    kv, table = paged_cache(lens, 64, (576,), torch.float32, gen)
+    w_uk = randn(16, 128, 512, gen=gen, scale=128 ** -0.5)
+    q_nope, q_pe = randn(2, 16, 128, gen=gen), randn(2, 16, 64, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out, lse = dcp_ops.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, 3 * 192 ** -0.5, w_uk)
+    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, 3 * 192 ** -0.5, w_uk)
+    assert_matches(out, r_out, torch.float32, "out")
+    assert_lse_matches(lse, r_lse, "lse")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mla_many_heads_narrow_cache(dtype):
     """128 heads over a bf16 / fp16 latent cache: the kernel converts each tile of cache rows to fp32 once and runs
