@@ -82,8 +82,9 @@ struct NoHook {
 // (plain torch in fp32: up to 0.6x). No speed change beyond this VM's noise.
 constexpr int64_t kSumDepth = 64;
 
-// C[MR x NV*kVL] += A[MR x K] * B[K x NV*kVL] at column j: MR x NV accumulators, B rows streamed, K in partial sums
-// of kSumDepth products.
+// C[MR x NV*kVL] += A[MR x K] * B[K x NV*kVL] at column j: MR x NV accumulators, B rows streamed. The first
+// kSumDepth products are summed onto C itself, each further kSumDepth from zero and then added into C (so a K of at
+// most kSumDepth, as in P.V over a tile, is one pass that loads and stores C once).
 template <int MR, int NV, typename MA, typename MB>
 DCP_INLINE void gemm_strip(int64_t j, int64_t K, const MA& A, const MB& B, float* C, int64_t ldc) {
   for (int64_t k0 = 0; k0 < K; k0 += kSumDepth) {
@@ -92,7 +93,7 @@ DCP_INLINE void gemm_strip(int64_t j, int64_t K, const MA& A, const MB& B, float
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) c[i][v] = fVec(0.f);
+      for (int v = 0; v < NV; ++v) c[i][v] = k0 == 0 ? fVec::loadu(C + i * ldc + j + v * kVL) : fVec(0.f);
     for (int64_t k = k0; k < k1; ++k) {
       const auto* brow = B.row(k) + j;
       fVec b[NV];
@@ -110,7 +111,7 @@ DCP_INLINE void gemm_strip(int64_t j, int64_t K, const MA& A, const MB& B, float
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) {
         float* dst = C + i * ldc + j + v * kVL;
-        (fVec::loadu(dst) + c[i][v]).store(dst);
+        (k0 == 0 ? c[i][v] : fVec::loadu(dst) + c[i][v]).store(dst);
       }
   }
 }
@@ -135,14 +136,14 @@ inline void gemm_rows(int64_t N, int64_t K, const MA& A, const MB& B, float* C, 
       const int64_t k1 = std::min(K, k0 + kSumDepth);
       fVec c[MR];
 #pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) c[i] = fVec(0.f);
+      for (int i = 0; i < MR; ++i) c[i] = k0 == 0 ? fVec::loadu(C + i * ldc + j, n) : fVec(0.f);
       for (int64_t k = k0; k < k1; ++k) {
         const fVec bv = load_f32(B.row(k) + j, n);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) c[i] = at::vec::fmadd(fVec(static_cast<float>(A(i, k))), bv, c[i]);
       }
 #pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) (fVec::loadu(C + i * ldc + j, n) + c[i]).store(C + i * ldc + j, n);
+      for (int i = 0; i < MR; ++i) (k0 == 0 ? c[i] : fVec::loadu(C + i * ldc + j, n) + c[i]).store(C + i * ldc + j, n);
     }
     hook();
   }
