@@ -42,6 +42,16 @@ def randn(*shape, dtype=torch.float32, gen=None, scale=1.0):
     return (torch.randn(*shape, generator=gen) * scale).to(dtype)
 
 
+def sharp_mla_case(lens, seed):
+    """mla_decode_partial's arguments for DeepSeek's 16 heads of 512 + 64 in fp32, w_uk [16, 128, 512] absorbed, at 3x
+    its softmax scale: sharp attention (as large query and key channels give) in which every score sums 576 products."""
+    gen = torch.Generator().manual_seed(seed)
+    kv, table = paged_cache(lens, 64, (576,), torch.float32, gen)
+    w_uk = randn(16, 128, 512, gen=gen, scale=128 ** -0.5)
+    q_nope, q_pe = randn(len(lens), 16, 128, gen=gen), randn(len(lens), 16, 64, gen=gen)
+    return q_nope, q_pe, kv, table, torch.tensor(lens, dtype=torch.int32), 3 * 192 ** -0.5, w_uk, None
+
+
 def init_gloo(rank, world, init_file):
     """A spawned test rank joins a gloo group. Workers end with a barrier and destroy_process_group, not in a
     `finally`: a rank that fails exits at once, so spawn reports its error (its peers' collectives then fail on the

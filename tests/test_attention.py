@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import dcp_ops
 from dcp_ops import reference as ref
-from conftest import DTYPES, paged_cache, randn
+from conftest import DTYPES, paged_cache, randn, sharp_mla_case
 from tolerances import assert_lse_matches, assert_matches
 
 lens_st = st.lists(st.integers(0, 150), min_size=1, max_size=4)
@@ -161,16 +161,10 @@ def test_mla_deepseek_shape_with_absorption():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_mla_fp32_sharp_softmax_stays_within_tolerance(seed):
-    """DeepSeek's 16 heads of 512 + 64 with w_uk absorbed, at 3x its softmax scale (sharp attention, as large query
-    and key channels give): every score sums 576 products, and the fp32 output stays within the table's 1e-5."""
-    gen = torch.Generator().manual_seed(seed)
-    lens = [2000, 1500]
-    kv, table = paged_cache(lens, 64, (576,), torch.float32, gen)
-    w_uk = randn(16, 128, 512, gen=gen, scale=128 ** -0.5)
-    q_nope, q_pe = randn(2, 16, 128, gen=gen), randn(2, 16, 64, gen=gen)
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
-    out, lse = dcp_ops.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, 3 * 192 ** -0.5, w_uk)
-    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, 3 * 192 ** -0.5, w_uk)
+    """Sharp fp32 MLA attention (sharp_mla_case): the output stays within the table's 1e-5."""
+    args = sharp_mla_case([2000, 1500], seed)
+    out, lse = dcp_ops.mla_decode_partial(*args)
+    r_out, r_lse = ref.mla_decode_partial(*args)
     assert_matches(out, r_out, torch.float32, "out")
     assert_lse_matches(lse, r_lse, "lse")
 

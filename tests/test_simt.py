@@ -184,14 +184,8 @@ def test_mla_decode_cuda_source_many_tokens_and_splits(simt_ops):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_mla_decode_cuda_source_fp32_sharp_softmax(simt_ops, seed):
-    # DeepSeek's 512 + 64 with w_uk [16, 128, 512] absorbed, at 3x its softmax scale: every score sums 576 products
-    from conftest import paged_cache, randn
-    gen = torch.Generator().manual_seed(seed)
-    lens = [400, 300]
-    kv, table = paged_cache(lens, 64, (576,), torch.float32, gen)
-    w_uk = randn(16, 128, 512, gen=gen, scale=128 ** -0.5)
-    args = (randn(2, 16, 128, gen=gen), randn(2, 16, 64, gen=gen), kv, table, torch.tensor(lens, dtype=torch.int32),
-            3 * 192 ** -0.5, w_uk, None)
+    from conftest import sharp_mla_case
+    args = sharp_mla_case([400, 300], seed)
     out, lse = simt_ops.mla_decode_partial(*args)
     r_out, r_lse = ref.mla_decode_partial(*args)
     assert_matches(out, r_out, torch.float32, "out (MLA CUDA source)")
