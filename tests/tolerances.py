@@ -1,10 +1,10 @@
 """The one tolerance table for every comparison with the float64 reference (dcp_ops/reference.py).
 
 fp32: 1e-5 relative (DESIGN.md §7). bf16: rtol 2^-8, the largest relative error of rounding the exact result to
-bf16 (half its machine epsilon), so a kernel must round an accurate fp32 result once; fp16: rtol 2^-10, twice that
-largest error (its machine epsilon). Each adds a small atol for results near 0. Every same-precision computation
-rounds at least once, so both are at least as strict as "within 2x of a same-precision torch computation".
-LSE is fp32 arithmetic in every case: 1e-5 absolute.
+bf16 (half its machine epsilon), so a kernel must round an accurate fp32 result once. fp16: rtol 2^-10, twice
+fp16's largest rounding error (its machine epsilon). Each adds a small atol for results near 0. Every
+same-precision computation rounds at least once, so both are at least as strict as "within 2x of a same-precision
+torch computation". LSE is fp32 arithmetic in every case: 1e-5 absolute.
 """
 import torch
 
