@@ -5,11 +5,11 @@ each op on decode shapes and the best plain-torch way to compute the same thing 
 (gather the pages, then bmm + softmax, or scaled_dot_product_attention). The roofline time of a row is
 max(KV bytes / read bandwidth, FLOPs / best measured matmul rate); "roof" is roofline time / measured time. This VM's
 speed drifts by up to 2x within seconds, so each row times the op, its baselines and the read and fp32 matmul probes
-round-robin, one call each per round (interleaved(): at least 3 rounds, about 3 s), and uses their medians; the row's
-probe rates are shown in the last two columns. The op and the probes thereby see the same phases of the machine. Every
-timed call of a decode row starts with the caches flushed, as a decode step finds a layer's KV cache; the merge rows
-are not flushed (their 16 MiB inputs have just arrived from the exchange), though the torch merge timed between their
-calls evicts part of them.
+round-robin, one call each per round (interleaved(): at least 3 rounds, about 3 s; a baseline whose first call
+takes over 5 s is timed by that call alone), and uses their medians; the row's probe rates are shown in the last two
+columns. The op and the probes thereby see the same phases of the machine. Every timed call of a decode row starts
+with the caches flushed, as a decode step finds a layer's KV cache; the merge rows are not flushed (their 16 MiB
+inputs have just arrived from the exchange), though the torch merge timed between their calls evicts part of them.
 
 The KV caches (and every other tensor of 2 MiB or more) are allocated in 2 MiB transparent huge pages, as an engine
 keeping a long-lived multi-GB cache should: the cache is read in random block order, and with 4 KiB pages every block
@@ -79,10 +79,12 @@ def huge_pages_in_use():
     return used
 
 
-def interleaved(fns, flush=None, budget_s=3.0, min_rounds=3, max_rounds=25, slow_s=1.0):
+def interleaved(fns, flush=None, budget_s=3.0, min_rounds=3, max_rounds=25, slow_s=5.0):
     """Median time of each fn of fns, timed round-robin (one call of each per round) so that all of them see the same
     phases of a drifting machine; flush, if given, runs untimed before every call. Every fn is called once first; a fn
-    whose first call took over slow_s is not called again and that call is its time."""
+    whose first call took over slow_s is not called again and that call is its time. slow_s is far above every op's
+    time (0.7 s at most on the machines of RESULTS.md), so only a baseline many times slower than the op is timed once:
+    a single call that the machine slowed must not set an op's time (it did, at slow_s = 1 s, in one run there)."""
     samples = {k: [] for k in fns}
     for k, fn in fns.items():
         if flush:
