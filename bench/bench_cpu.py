@@ -82,9 +82,9 @@ def huge_pages_in_use():
 def interleaved(fns, flush=None, budget_s=3.0, min_rounds=3, max_rounds=25, slow_s=5.0):
     """Median time of each fn of fns, timed round-robin (one call of each per round) so that all of them see the same
     phases of a drifting machine; flush, if given, runs untimed before every call. Every fn is called once first; a fn
-    whose first call took over slow_s is not called again and that call is its time. slow_s is far above every op's
-    time (0.7 s at most on the machines of RESULTS.md), so only a baseline many times slower than the op is timed once:
-    a single call that the machine slowed must not set an op's time (it did, at slow_s = 1 s, in one run there)."""
+    whose first call took over slow_s is not called again and that call is its time. slow_s is well above every op's
+    time (under 1 s in every run of RESULTS.md but one: a 1.3 s call the machine slowed, which set the row's time when
+    slow_s was 1 s), so only a baseline many times slower than the op is timed by a single call."""
     samples = {k: [] for k in fns}
     for k, fn in fns.items():
         if flush:
