@@ -28,7 +28,16 @@ inline fVec load_f32(const T* p, int64_t n = kVL) {
   if constexpr (std::is_same_v<T, float>) {
     return fVec::loadu(p, n);
   } else {
-#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512)
+    // A masked load for a partial vector: lanes past n are neither read nor faulted on.
+    const __m256i raw = n == kVL ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                 : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
+    if constexpr (std::is_same_v<T, c10::BFloat16>)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    else
+      return _mm512_cvtph_ps(raw);
+#else
+#if defined(CPU_CAPABILITY_AVX2)
     if (n == kVL) {
       const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
       if constexpr (std::is_same_v<T, c10::BFloat16>)
@@ -40,6 +49,7 @@ inline fVec load_f32(const T* p, int64_t n = kVL) {
     __at_align__ float tmp[kVL] = {};
     for (int64_t i = 0; i < n; ++i) tmp[i] = static_cast<float>(p[i]);
     return fVec::loadu(tmp);
+#endif
   }
 }
 
@@ -191,6 +201,21 @@ DCP_INLINE fVec reduce_lanes(const fVec (&a)[kVL]) {
   const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
   const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+#elif defined(CPU_CAPABILITY_AVX512)
+  // A transposing tree: 16 -> 8 vectors with rows interleaved within each 128-bit lane, 8 -> 4 holding four rows'
+  // sums per lane, then the four lanes of each row summed across lanes.
+  __m512 s[8], y[4];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512d lo = _mm512_castps_pd(s[2 * i]), hi = _mm512_castps_pd(s[2 * i + 1]);
+    y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi)), _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi)));
+  }
+  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
+  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], 0x88), _mm512_shuffle_f32x4(y[2], y[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
 #else
   __at_align__ float lanes[kVL][kVL];
   __at_align__ float sums[kVL];
