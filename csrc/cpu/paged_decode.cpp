@@ -79,9 +79,8 @@ struct TilePrefetcher {
 // 2^x for x <= 0 (a score minus the running max), -inf and x < -126 giving 0, NaN giving NaN: x = n + f with n the
 // nearest integer, |f| <= 1/2, a degree-6 polynomial for 2^f (relative error ~1e-7, as Cephes' exp2f) and n added to
 // the exponent.
-inline fVec exp2_nonpos(const fVec& x) {
-#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
-  const __m256 v = x;
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+inline __m256 exp2_nonpos(__m256 v) {
   const __m256 tiny = _mm256_cmp_ps(v, _mm256_set1_ps(-126.f), _CMP_LT_OQ);  // true for -inf, false for NaN
   const __m256 c = _mm256_max_ps(_mm256_set1_ps(-126.f), v);                 // NaN stays NaN (second operand)
   const __m256 n = _mm256_round_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -95,6 +94,12 @@ inline fVec exp2_nonpos(const fVec& x) {
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+#endif
+
+inline fVec exp2_nonpos(const fVec& x) {
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  return exp2_nonpos(static_cast<__m256>(x));
 #elif defined(CPU_CAPABILITY_AVX512)
   const __m512 v = x;
   const __mmask16 tiny = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.f), _CMP_LT_OQ);
@@ -113,6 +118,18 @@ inline fVec exp2_nonpos(const fVec& x) {
 #else
   return x.exp2();
 #endif
+}
+
+// Rows g of o [G x Dv] times alpha[g] (the running outputs brought to a new running max).
+void rescale_rows(float* o, int64_t G, int64_t Dv, const float* alpha) {
+  for (int64_t g = 0; g < G; ++g) {
+    if (alpha[g] == 1.f) continue;
+    float* orow = o + g * Dv;
+    const fVec av(alpha[g]);
+    int64_t d = 0;
+    for (; d + kVL <= Dv; d += kVL) (fVec::loadu(orow + d) * av).store(orow + d);
+    for (; d < Dv; ++d) orow[d] *= alpha[g];
+  }
 }
 
 // Online softmax over one tile of transposed base-2 scores st[n x G]: st becomes probabilities, and the rows of o
@@ -135,15 +152,35 @@ void softmax_update(float* st, int64_t G, int64_t n, float* m, float* l, float* 
     mx.store(m + g0, w);
     a.store(alpha + g0, w);
   }
-  for (int64_t g = 0; g < G; ++g) {
-    if (alpha[g] == 1.f) continue;
-    float* orow = o + g * Dv;
-    const fVec av(alpha[g]);
-    int64_t d = 0;
-    for (; d + VL <= Dv; d += VL) (fVec::loadu(orow + d) * av).store(orow + d);
-    for (; d < Dv; ++d) orow[d] *= alpha[g];
-  }
+  rescale_rows(o, G, Dv, alpha);
 }
+
+#if defined(CPU_CAPABILITY_AVX512)
+// softmax_update for G <= 8 heads in AVX-512 builds: one 256-bit vector per token row of st rather than a half-empty
+// 512-bit one.
+void softmax_update8(float* st, int64_t G, int64_t n, float* m, float* l, float* o, int64_t Dv, float* alpha) {
+  const __mmask8 mk = static_cast<__mmask8>((1u << G) - 1);
+  auto load = [&](const float* p) { return G == 8 ? _mm256_loadu_ps(p) : _mm256_maskz_loadu_ps(mk, p); };
+  auto store = [&](float* p, __m256 x) { G == 8 ? _mm256_storeu_ps(p, x) : _mm256_mask_storeu_ps(p, mk, x); };
+  const __m256 m_old = load(m);
+  __m256 mx = m_old;
+  for (int64_t i = 0; i < n; ++i) {  // a NaN score propagates, as at::vec::maximum does
+    const __m256 x = load(st + i * G);
+    mx = _mm256_or_ps(_mm256_max_ps(mx, x), _mm256_cmp_ps(mx, x, _CMP_UNORD_Q));
+  }
+  const __m256 a = exp2_nonpos(_mm256_sub_ps(m_old, mx));  // 0 on the first tile (m = -inf)
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    const __m256 e = exp2_nonpos(_mm256_sub_ps(load(st + i * G), mx));
+    store(st + i * G, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  store(l, _mm256_fmadd_ps(load(l), a, sum));
+  store(m, mx);
+  store(alpha, a);
+  rescale_rows(o, G, Dv, alpha);
+}
+#endif
 
 // out[offset .. offset + n) = src, converted to dtype (fp32, bf16 or fp16).
 void store_row(void* out, at::ScalarType dtype, int64_t offset, const float* src, int64_t n) {
@@ -267,7 +304,12 @@ void paged_decode_impl(const PagedDecodeParams& p) {
               gemm_acc(n, G, p.Dk, k, qh, st.data(), G, pf);
             }
           }
-          softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
+#if defined(CPU_CAPABILITY_AVX512)
+          if (G <= 8)
+            softmax_update8(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
+          else
+#endif
+            softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
           if (convert && v_in_k) {
             gemm_acc(G, p.Dv, n, pt, Strided<float>{kf.get(), p.Dk, 1}, oh, p.Dv, pf);
           } else if (convert) {
