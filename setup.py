@@ -3,7 +3,8 @@
 Environment:
   DCP_OPS_CUDA=auto|1|0     build the CUDA sources (auto: when torch.version.cuda and nvcc are present)
   TORCH_CUDA_ARCH_LIST      GPU archs (default "8.0;9.0a;10.0a")
-  DCP_OPS_CPU_ISA=auto|avx512|avx2|default   vector ISA of the CPU kernels (auto: the build machine's)
+  DCP_OPS_CPU_ISA=auto|avx512bf16|avx512|avx2|default   vector ISA of the CPU kernels (auto: the build machine's;
+                            avx512bf16 adds the bf16 dot-product instructions)
   MAX_JOBS                  build parallelism (default: number of CPUs)
 """
 import glob
@@ -43,13 +44,15 @@ def cpu_isa() -> str:
     except OSError:
         return "default"
     if all(f" {f}" in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
-        return "avx512"
+        return "avx512bf16" if " avx512_bf16" in flags else "avx512"
     if " avx2" in flags and " fma" in flags and " f16c" in flags:
         return "avx2"
     return "default"
 
 
 ISA_FLAGS = {
+    "avx512bf16": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-DDCP_OPS_AVX512_BF16", "-mavx512f",
+                   "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-mf16c"],
     "avx512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512dq", "-mfma", "-mf16c"],
     "avx2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],

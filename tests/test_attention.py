@@ -222,3 +222,33 @@ def test_mixed_lengths_any_thread_count(threads):
     assert_lse_matches(lse, r_lse, "lse")
     for o, l in runs[1:]:
         assert torch.equal(o, out) and torch.equal(l, lse)
+
+
+@pytest.mark.parametrize("heads,dims,hkv", [(16, (512, 64), 0), (32, (101, 16), 0), (128, (63, 0), 0),
+                                            (16, (77, 0), 2), (32, (128, 0), 1)])
+@pytest.mark.parametrize("sharp", [False, True])
+def test_bf16_queries_on_a_bf16_cache_with_whole_vectors_of_heads(heads, dims, hkv, sharp):
+    """bf16 queries (not absorbed) on a bf16 cache with 16 or more heads per KV head: in builds with AVX512_BF16 the
+    scores are bf16 dot products of the unscaled query, scaled after (gemm_dp). Odd row widths take its last-pair
+    path (row[K - 1], 0), which must not read past the row: the slot after a sequence's last token is NaN. hkv = 0
+    is MLA (the latent is V); otherwise GQA with a separate V. Sharp: 3x the softmax scale."""
+    latent, rope = dims
+    gen = torch.Generator().manual_seed(heads + latent + hkv)
+    lens = [1, 45, 0, 130]
+    dt = torch.bfloat16
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    scale = (3.0 if sharp else 1.0) * (latent + rope) ** -0.5
+    if hkv == 0:
+        kv, table = paged_cache(lens, 16, (latent + rope,), dt, gen)
+        q_nope, q_pe = randn(4, heads, latent, dtype=dt, gen=gen), randn(4, heads, rope, dtype=dt, gen=gen)
+        args = (q_nope, q_pe, kv, table, seq_lens, scale)
+        out, lse = dcp_ops.mla_decode_partial(*args)
+        r_out, r_lse = ref.mla_decode_partial(*args)
+    else:
+        k, table = paged_cache(lens, 16, (hkv, latent), dt, gen)
+        v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dt, gen=gen))
+        q = randn(4, hkv * heads, latent, dtype=dt, gen=gen)
+        out, lse = dcp_ops.gqa_decode_partial(q, k, v, table, seq_lens, scale)
+        r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, scale)
+    assert_matches(out, r_out, dt, "out")
+    assert_lse_matches(lse, r_lse, "lse")

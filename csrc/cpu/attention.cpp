@@ -88,6 +88,8 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor&
   Tensor out = at::empty({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = at::empty({d.T, d.Hq}, q.options().dtype(at::kFloat));
   cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
+  p.q_mult = static_cast<float>(scale * kLog2e);
+  p.q_exact_bf16 = q.scalar_type() == at::kBFloat16;
   p.k = k_cache.data_ptr();
   p.k_sb = k_cache.stride(0);
   p.k_st = k_cache.stride(1);
@@ -117,6 +119,8 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
   Tensor out = at::empty({d.T, d.Hq, d.Dv}, q_nope.options().dtype(out_dtype));
   Tensor lse = at::empty({d.T, d.Hq}, q_nope.options().dtype(at::kFloat));
   cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
+  p.q_mult = static_cast<float>(scale * kLog2e);
+  p.q_exact_bf16 = !w_uk.has_value() && q_nope.scalar_type() == at::kBFloat16 && q_pe.scalar_type() == at::kBFloat16;
   p.k = p.v = kv_cache.data_ptr();
   p.k_sb = p.v_sb = kv_cache.stride(0);
   p.k_st = p.v_st = kv_cache.stride(1);

@@ -181,6 +181,99 @@ inline void gemm_acc(int64_t M, int64_t N, int64_t K, const MA& A, const MB& B, 
   }
 }
 
+#if defined(DCP_OPS_AVX512_BF16)
+// bf16 dot products (AVX512_BF16): vdpbf16ps multiplies bf16 pairs exactly and adds both products to fp32 lanes,
+// two products per lane and instruction against one for an fp32 FMA, with no conversion of the bf16 operands. Used
+// only where both operands are exactly bf16 (a bf16 cache and a bf16 query), so the sums are those of fp32
+// arithmetic on the same values.
+constexpr bool kDpBf16 = true;
+
+// (row[2p], row[2p + 1]) as the 32 bits vdpbf16ps takes; the last pair of an odd K is (row[K - 1], 0), so nothing past
+// the row is read.
+DCP_INLINE int32_t bf16_pair(const c10::BFloat16* row, int64_t p, int64_t K) {
+  int32_t v = 0;
+  std::memcpy(&v, row + 2 * p, 2 * p + 1 < K ? 4 : 2);
+  return v;
+}
+
+// C[MR x NV*16] += A[MR x K] * B[K x NV*16] at column j, for bf16 A rows and B packed in pairs of rows: bp[(q * ldb +
+// n) * 2 + e] = B[2q + e][n] (0 past K). Each pair of an A row is broadcast against a vector of 16 B column pairs.
+// Pairs are summed in runs of kSumDepth / 2 as gemm_strip sums products.
+template <int MR, int NV, typename MA>
+DCP_INLINE void gemm_dp_strip(int64_t j, int64_t K, const MA& A, const c10::BFloat16* bp, int64_t ldb, float* C,
+                              int64_t ldc) {
+  const int64_t pairs = (K + 1) / 2, whole = K / 2;
+  for (int64_t q0 = 0; q0 < pairs; q0 += kSumDepth / 2) {
+    const int64_t q1 = std::min(pairs, q0 + kSumDepth / 2);
+    __m512 c[MR][NV];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) c[i][v] = q0 == 0 ? _mm512_loadu_ps(C + i * ldc + j + v * kVL) : _mm512_setzero_ps();
+    auto step = [&](int64_t q, auto&& pair_of_row) {
+      __m512bh b[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(bp + (q * ldb + j + v * kVL) * 2);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(pair_of_row(i));
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) c[i][v] = _mm512_dpbf16_ps(c[i][v], a, b[v]);
+      }
+    };
+    for (int64_t q = q0; q < std::min(q1, whole); ++q)
+      step(q, [&](int i) { int32_t v; std::memcpy(&v, A.row(i) + 2 * q, 4); return v; });
+    if (q1 > whole) step(whole, [&](int i) { return bf16_pair(A.row(i), whole, K); });  // odd K's last pair
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        float* dst = C + i * ldc + j + v * kVL;
+        _mm512_storeu_ps(dst, q0 == 0 ? c[i][v] : _mm512_add_ps(_mm512_loadu_ps(dst), c[i][v]));
+      }
+  }
+}
+
+template <int MR, typename MA, typename Hook>
+inline void gemm_dp_rows(int64_t N, int64_t K, const MA& A, const c10::BFloat16* bp, int64_t ldb, float* C,
+                         int64_t ldc, Hook& hook) {
+  constexpr int NV = MR <= 4 ? 3 : 2;
+  int64_t j = 0;
+  for (; j + NV * kVL <= N; j += NV * kVL) {
+    gemm_dp_strip<MR, NV>(j, K, A, bp, ldb, C, ldc);
+    hook();
+  }
+  for (; j < N; j += kVL) {
+    gemm_dp_strip<MR, 1>(j, K, A, bp, ldb, C, ldc);
+    hook();
+  }
+}
+
+// C[M x N] += A[M x K] * B[K x N] for a view A of bf16 rows and B packed in pairs of rows (see gemm_dp_strip); N a
+// multiple of 16. Rows in near-equal blocks of at most 6, as gemm_acc.
+template <typename MA, typename Hook = NoHook>
+inline void gemm_dp(int64_t M, int64_t N, int64_t K, const MA& A, const c10::BFloat16* bp, int64_t ldb, float* C,
+                    int64_t ldc, Hook&& hook = Hook{}) {
+  const int64_t blocks = (M + 5) / 6;
+  const int64_t rows_per_block = blocks ? (M + blocks - 1) / blocks : 0;
+  for (int64_t i = 0; i < M; i += rows_per_block) {
+    const int64_t mr = std::min(rows_per_block, M - i);
+    const MA a = A.rows_from(i);
+    float* c = C + i * ldc;
+    switch (mr) {
+      case 1: gemm_dp_rows<1>(N, K, a, bp, ldb, c, ldc, hook); break;
+      case 2: gemm_dp_rows<2>(N, K, a, bp, ldb, c, ldc, hook); break;
+      case 3: gemm_dp_rows<3>(N, K, a, bp, ldb, c, ldc, hook); break;
+      case 4: gemm_dp_rows<4>(N, K, a, bp, ldb, c, ldc, hook); break;
+      case 5: gemm_dp_rows<5>(N, K, a, bp, ldb, c, ldc, hook); break;
+      default: gemm_dp_rows<6>(N, K, a, bp, ldb, c, ldc, hook); break;
+    }
+  }
+}
+#else
+constexpr bool kDpBf16 = false;
+#endif
+
 // Number of floats pack_nt writes for N rows of length K.
 inline int64_t packed_nt_size(int64_t N, int64_t K) { return (K + kVL - 1) / kVL * N * kVL; }
 

@@ -11,6 +11,8 @@ namespace dcp_ops::cpu {
 struct PagedDecodeParams {
   const float* q;  // [T, Hq, Dk] fp32, already multiplied by scale * log2(e)
   int64_t q_st, q_sh;
+  float q_mult;       // the scale * log2(e) that q was multiplied by
+  bool q_exact_bf16;  // whether q / q_mult is exactly the op's bf16 query (a bf16 query, not absorbed through w_uk)
   const void* k;  // cache element type; element strides per block, token and KV head
   int64_t k_sb, k_st, k_sh;
   const void* v;
