@@ -270,8 +270,58 @@ inline void gemm_dp(int64_t M, int64_t N, int64_t K, const MA& A, const c10::BFl
     }
   }
 }
+
+// Rows of A that gemm_dp8 takes at a time.
+constexpr int64_t kDp8Rows = 8;
+
+// C[i * ldc + g] = A_i . Q_g for i < M and at most 8 heads g < G (GQA), the heads along a 256-bit vector: qp holds
+// the query in pairs, qp[(q * 8 + g) * 2 + e] = Q[g][2q + e] (0 past K and past G). Each pair of an A row is
+// broadcast against the 8 heads' pairs, so no horizontal sums are needed (gemm_nt's are a quarter of its
+// instructions at K = 128 with 512-bit vectors).
+template <int MR, typename MA, typename Hook>
+DCP_INLINE void gemm_dp8_block(int64_t K, const MA& A, const c10::BFloat16* qp, float* C, int64_t ldc, int64_t G,
+                               Hook& hook) {
+  const int64_t pairs = (K + 1) / 2, whole = K / 2;
+  __m256 c[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) c[r] = _mm256_setzero_ps();
+  for (int64_t q0 = 0; q0 < pairs; q0 += kSumDepth / 2) {
+    const int64_t q1 = std::min(pairs, q0 + kSumDepth / 2);
+    __m256 s[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) s[r] = _mm256_setzero_ps();
+    auto step = [&](int64_t q, auto&& pair_of_row) {
+      const __m256bh b = (__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + q * 16));
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) s[r] = _mm256_dpbf16_ps(s[r], (__m256bh)_mm256_set1_epi32(pair_of_row(r)), b);
+    };
+    for (int64_t q = q0; q < std::min(q1, whole); ++q)
+      step(q, [&](int r) { int32_t v; std::memcpy(&v, A.row(r) + 2 * q, 4); return v; });
+    if (q1 > whole) step(whole, [&](int r) { return bf16_pair(A.row(r), whole, K); });  // odd K's last pair
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) c[r] = _mm256_add_ps(c[r], s[r]);
+    hook();
+  }
+  const __mmask8 m = static_cast<__mmask8>((1u << G) - 1);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    if (G == 8)
+      _mm256_storeu_ps(C + r * ldc, c[r]);
+    else
+      _mm256_mask_storeu_ps(C + r * ldc, m, c[r]);
+  }
+}
+
+template <typename MA, typename Hook = NoHook>
+inline void gemm_dp8(int64_t M, int64_t K, const MA& A, const c10::BFloat16* qp, float* C, int64_t ldc, int64_t G,
+                     Hook&& hook = Hook{}) {
+  int64_t i = 0;
+  for (; i + kDp8Rows <= M; i += kDp8Rows) gemm_dp8_block<kDp8Rows>(K, A.rows_from(i), qp, C + i * ldc, ldc, G, hook);
+  for (; i < M; ++i) gemm_dp8_block<1>(K, A.rows_from(i), qp, C + i * ldc, ldc, G, hook);
+}
 #else
 constexpr bool kDpBf16 = false;
+constexpr int64_t kDp8Rows = 1;
 #endif
 
 // Number of floats pack_nt writes for N rows of length K.

@@ -120,6 +120,14 @@ inline fVec exp2_nonpos(const fVec& x) {
 #endif
 }
 
+// x[0 .. n) *= mult: scores of the unscaled bf16 query brought to base-2 softmax units.
+void scale_scores(float* x, int64_t n, float mult) {
+  const fVec mv(mult);
+  int64_t i = 0;
+  for (; i + kVL <= n; i += kVL) (fVec::loadu(x + i) * mv).store(x + i);
+  if (i < n) (fVec::loadu(x + i, n - i) * mv).store(x + i, n - i);
+}
+
 // Rows g of o [G x Dv] times alpha[g] (the running outputs brought to a new running max).
 void rescale_rows(float* o, int64_t G, int64_t Dv, const float* alpha) {
   for (int64_t g = 0; g < G; ++g) {
@@ -196,13 +204,14 @@ template <typename scalar_t>
 void paged_decode_impl(const PagedDecodeParams& p) {
   const int64_t G = p.Hq / p.Hkv;
   // Small G (GQA): scores by gemm_nt, tiles sized to stay in L1. Large G (MLA): scores by gemm_acc with the heads
-  // along the vector, whose Q^T tile is reused over up to kTileMax rows.
-  // A bf16 cache and an exact bf16 query, with whole vectors of heads (MLA): scores by bf16 dot products (gemm_dp),
-  // on the query unscaled, then scaled in fp32.
-  const bool dp = kDpBf16 && std::is_same_v<scalar_t, c10::BFloat16> && p.q_exact_bf16 && G % kVL == 0;
-  // G < 16 as in the AVX2 builds, where it was tuned: in AVX-512 builds too, MLA's 16 heads ran 7-17% faster (fp32,
-  // alternated calls) with the heads along the vector than by gemm_nt.
+  // along the vector, whose Q^T tile is reused over up to kTileMax rows. G < 16 in every build: tuned in AVX2 builds,
+  // and in AVX-512 builds MLA's 16 heads ran 7-17% faster with the heads along the vector than by gemm_nt (fp32,
+  // alternated calls).
   const bool nt = G < 16;
+  // A bf16 cache and an exact bf16 query in AVX512_BF16 builds: scores by bf16 dot products of the unscaled query,
+  // scaled after in fp32; by gemm_dp for whole vectors of heads (MLA), by gemm_dp8 for at most 8 (GQA; P.V as with nt).
+  const bool exact_bf16 = kDpBf16 && std::is_same_v<scalar_t, c10::BFloat16> && p.q_exact_bf16;
+  const bool dp = exact_bf16 && G % kVL == 0, dp8 = exact_bf16 && G <= 8;
   // V rows are the first Dv elements of the K rows (MLA's latent; or one tensor passed as both caches).
   const bool v_in_k = p.v == p.k && p.v_sb == p.k_sb && p.v_st == p.k_st && p.v_sh == p.k_sh && p.Dv <= p.Dk;
   // Large G with a bf16 / fp16 cache: the score GEMM reads each K element once per column strip of heads and P.V each
@@ -214,7 +223,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       (p.Hkv * p.Dk + (v_in_k ? 0 : p.Hkv * p.Dv)) * static_cast<int64_t>(sizeof(scalar_t));
   // Tiles of a multiple of the rows gemm_nt takes at a time: at 32K tokens, bf16 16q/2kv d128 ran 7-10% faster in
   // tiles of 15 tokens than of 16, whose last token went through a half-idle pair of rows.
-  const int64_t rb = gemm_nt_row_block(G);
+  const int64_t rb = dp8 ? kDp8Rows : gemm_nt_row_block(G);
   const int64_t kTile =
       nt ? std::clamp<int64_t>((kTileBytes / token_bytes + rb / 2) / rb * rb, rb, kTileMax / rb * rb) : kTileMax;
   int64_t max_len = 0;
@@ -236,7 +245,8 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   std::unique_ptr<float[]> part_o(new float[items * p.Hq * p.Dv]), part_m(new float[items * p.Hq]),
       part_l(new float[items * p.Hq]);
   const int64_t qpack = std::max(packed_nt_size(G, p.Dk), p.Dk * G);
-  const int64_t qpairs = (p.Dk + 1) / 2 * G * 2;  // bf16 elements of one KV head's query pairs, for gemm_dp
+  // bf16 elements of one KV head's query pairs, for gemm_dp (G heads) or gemm_dp8 (8 heads, 0 past G)
+  const int64_t qheads = dp8 ? 8 : G, qpairs = (p.Dk + 1) / 2 * qheads * 2;
   // Bytes of a token's entry (every KV head) in each cache.
   const int64_t kbytes = ((p.Hkv - 1) * p.k_sh + p.Dk) * static_cast<int64_t>(sizeof(scalar_t));
   const int64_t vbytes = ((p.Hkv - 1) * p.v_sh + p.Dv) * static_cast<int64_t>(sizeof(scalar_t));
@@ -249,7 +259,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     // Row pointers (token entries) of this tile and of the next one, which is being prefetched.
     std::vector<const scalar_t*> krows(kTileMax), vrows(kTileMax), next_krows(kTileMax), next_vrows(kTileMax);
     TilePrefetcher pf;
-    std::vector<c10::BFloat16> qp(dp ? p.Hkv * qpairs : 0);
+    std::vector<c10::BFloat16> qp(dp || dp8 ? p.Hkv * qpairs : 0);
     // fp32 copies of one KV head's tile rows, when `convert` (147 KiB for MLA: left uninitialised, as every row used
     // is written first)
     std::unique_ptr<float[]> kf(convert ? new float[kTileMax * p.Dk] : nullptr),
@@ -266,15 +276,16 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       std::fill(m, m + p.Hq, kNegInf);
       std::fill(l, l + p.Hq, 0.f);
       if (j0 < j1) {
-        if (nt) {  // Q per KV head packed for gemm_nt
-          for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
-            pack_nt(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, qt.data() + kvh * qpack);
-        } else if (dp) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
+        if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
           const float inv = 1.f / p.q_mult;
+          if (dp8) std::fill(qp.begin(), qp.end(), c10::BFloat16(0.f));
           for (int64_t h = 0; h < p.Hq; ++h)
             for (int64_t d = 0; d < (p.Dk + 1) / 2 * 2; ++d)
-              qp[(h / G) * qpairs + ((d / 2) * G + h % G) * 2 + d % 2] =
+              qp[(h / G) * qpairs + ((d / 2) * qheads + h % G) * 2 + d % 2] =
                   d < p.Dk ? c10::BFloat16(p.q[t * p.q_st + h * p.q_sh + d] * inv) : c10::BFloat16(0.f);
+        } else if (nt) {  // Q per KV head packed for gemm_nt
+          for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
+            pack_nt(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, qt.data() + kvh * qpack);
         } else {  // Q^T per KV head [Dk x G]: S^T = K Q^T puts the heads along the vector
           for (int64_t h = 0; h < p.Hq; ++h)
             for (int64_t d = 0; d < p.Dk; ++d)
@@ -305,7 +316,13 @@ void paged_decode_impl(const PagedDecodeParams& p) {
           const RowPtrs<scalar_t> v{vrows.data(), kvh * p.v_sh};
           float* oh = o + kvh * G * p.Dv;
           const Strided<float> pt{st.data(), 1, G};  // P = st^T, read in place
-          if (nt) {
+          if (dp8) {
+#if defined(DCP_OPS_AVX512_BF16)
+            if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
+              gemm_dp8(n, p.Dk, k, qp.data() + kvh * qpairs, st.data(), G, G, pf);
+#endif
+            scale_scores(st.data(), n * G, p.q_mult);
+          } else if (nt) {
             gemm_nt(n, G, p.Dk, k, qt.data() + kvh * qpack, st.data(), G, pf);
           } else {
             std::fill(st.begin(), st.begin() + n * G, 0.f);
@@ -315,8 +332,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
               if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
                 gemm_dp(n, G, p.Dk, k, qp.data() + kvh * qpairs, G, st.data(), G, pf);
 #endif
-              const fVec mult(p.q_mult);
-              for (int64_t i = 0; i < n * G; i += kVL) (fVec::loadu(st.data() + i) * mult).store(st.data() + i);
+              scale_scores(st.data(), n * G, p.q_mult);
               if (v_in_k)  // P.V reads the fp32 copy of V, K's first Dv elements (a separate V is converted below)
                 for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dv, kf.get() + i * p.Dk);
             } else if (convert) {
