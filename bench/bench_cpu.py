@@ -3,7 +3,8 @@
 Measures, in the same run: large-buffer read and copy bandwidth, and the fp32 / bf16 torch.matmul rate. Then times
 each op on decode shapes and the best plain-torch way to compute the same thing from the same paged cache
 (gather the pages, then bmm + softmax, or scaled_dot_product_attention). The roofline time of a row is
-max(KV bytes / read bandwidth, FLOPs / best measured matmul rate); "roof" is roofline time / measured time. This VM's
+max(KV bytes / read bandwidth, FLOPs / matmul rate), with the fp32 matmul rate for an fp32 row and the faster of the
+fp32 and bf16 rates for a bf16 row; "roof" is roofline time / measured time. This VM's
 speed drifts by up to 2x within seconds, so each row times the op, its baselines and the read and fp32 matmul probes
 round-robin, one call each per round (interleaved(): at least 3 rounds, about 3 s; a baseline whose first call
 takes over 5 s is timed by that call alone), and uses their medians; the row's probe rates are shown in the last two
@@ -251,7 +252,10 @@ def main():
         times = interleaved(fns, flush=probes.flush)
         t = times["ours"]
         row_ceil = dict(probes.rates(times), bf16_GFLOPs=ceil["bf16_GFLOPs"])
-        peak = max(row_ceil["fp32_GFLOPs"], row_ceil["bf16_GFLOPs"]) * 1e9
+        # fp32 arithmetic is roofed by the fp32 matmul rate; a bf16 op by the faster of the two rates (on a CPU with
+        # bf16 dot-product instructions torch's bf16 matmul is 3x the fp32 one, which no fp32 computation can reach)
+        peak = (row_ceil["fp32_GFLOPs"] if dtype == torch.float32
+                else max(row_ceil["fp32_GFLOPs"], row_ceil["bf16_GFLOPs"])) * 1e9
         roof_t = max(kv_bytes / (row_ceil["read_GBps"] * 1e9), flops / peak)
         base = {b: times.get(b) for b in baselines}  # None: predicted over BASELINE_BUDGET_S, not run
         best = min(v for v in base.values() if v is not None)
