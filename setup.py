@@ -3,8 +3,9 @@
 Environment:
   DCP_OPS_CUDA=auto|1|0     build the CUDA sources (auto: when torch.version.cuda and nvcc are present)
   TORCH_CUDA_ARCH_LIST      GPU archs (default "8.0;9.0a;10.0a")
-  DCP_OPS_CPU_ISA=auto|avx512bf16|avx512|avx2|default   vector ISA of the CPU kernels (auto: the build machine's;
-                            avx512bf16 adds the bf16 dot-product instructions)
+  DCP_OPS_CPU_ISA=auto|amx|avx512bf16|avx512|avx2|default   vector ISA of the CPU kernels (auto: the build
+                            machine's; avx512bf16 adds the bf16 dot-product instructions, amx those and the AMX
+                            bf16 tile instructions)
   MAX_JOBS                  build parallelism (default: number of CPUs)
 """
 import glob
@@ -44,15 +45,19 @@ def cpu_isa() -> str:
     except OSError:
         return "default"
     if all(f" {f}" in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
-        return "avx512bf16" if " avx512_bf16" in flags else "avx512"
+        if " avx512_bf16" not in flags:
+            return "avx512"
+        return "amx" if " amx_tile" in flags and " amx_bf16" in flags else "avx512bf16"
     if " avx2" in flags and " fma" in flags and " f16c" in flags:
         return "avx2"
     return "default"
 
 
+AVX512_BF16_FLAGS = ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-DDCP_OPS_AVX512_BF16", "-mavx512f",
+                     "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-mf16c"]
 ISA_FLAGS = {
-    "avx512bf16": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-DDCP_OPS_AVX512_BF16", "-mavx512f",
-                   "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-mf16c"],
+    "amx": AVX512_BF16_FLAGS + ["-DDCP_OPS_AMX", "-mamx-tile", "-mamx-bf16"],
+    "avx512bf16": AVX512_BF16_FLAGS,
     "avx512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512dq", "-mfma", "-mf16c"],
     "avx2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],

@@ -14,9 +14,11 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "checks.h"
+#include "cpu/amx.h"
 #include "cpu/gemm.h"
 
 namespace dcp_ops::cpu {
@@ -211,14 +213,24 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   // A bf16 cache and an exact bf16 query in AVX512_BF16 builds: scores by bf16 dot products of the unscaled query,
   // scaled after in fp32; by gemm_dp for whole vectors of heads (MLA), by gemm_dp8 for at most 8 (GQA; P.V as with nt).
   const bool exact_bf16 = kDpBf16 && std::is_same_v<scalar_t, c10::BFloat16> && p.q_exact_bf16;
-  const bool dp = exact_bf16 && G % kVL == 0, dp8 = exact_bf16 && G <= 8;
+  // A bf16 cache in AMX builds, 16 or more heads per KV head (amx::fits): both GEMMs on AMX tiles (amx.h), an fp32
+  // query as three bf16 terms and the probabilities as two.
+#if defined(DCP_OPS_AMX)
+  const bool amx = std::is_same_v<scalar_t, c10::BFloat16> && amx::fits(G, p.Dk, p.Dv);
+  TORCH_CHECK(!amx || amx::request_permission(), "paged_decode: Linux refused this process the AMX tile state "
+              "(arch_prctl ARCH_REQ_XCOMP_PERM); rebuild with DCP_OPS_CPU_ISA=avx512bf16");
+  const int qterms = p.q_exact_bf16 ? 1 : 3;
+#else
+  constexpr bool amx = false;
+#endif
+  const bool dp = !amx && exact_bf16 && G % kVL == 0, dp8 = !amx && exact_bf16 && G <= 8;
   // V rows are the first Dv elements of the K rows (MLA's latent; or one tensor passed as both caches).
   const bool v_in_k = p.v == p.k && p.v_sb == p.k_sb && p.v_st == p.k_st && p.v_sh == p.k_sh && p.Dv <= p.Dk;
   // Large G with a bf16 / fp16 cache: the score GEMM reads each K element once per column strip of heads and P.V each
   // V element once per block of 6 heads (22 times for 128 heads), converting it every time; instead each KV head's
   // tile rows are converted to fp32 once, into a buffer that stays in L2 (MLA 128 heads, 32K, bf16: 119 -> 93 ms;
   // 16 heads 13.6 -> 11.5; outputs bitwise the same).
-  const bool convert = !std::is_same_v<scalar_t, float> && !nt;
+  const bool convert = !std::is_same_v<scalar_t, float> && !nt && !amx;
   const int64_t token_bytes =
       (p.Hkv * p.Dk + (v_in_k ? 0 : p.Hkv * p.Dv)) * static_cast<int64_t>(sizeof(scalar_t));
   // Tiles of a multiple of the rows gemm_nt takes at a time: at 32K tokens, bf16 16q/2kv d128 ran 7-10% faster in
@@ -252,6 +264,19 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   const int64_t vbytes = ((p.Hkv - 1) * p.v_sh + p.Dv) * static_cast<int64_t>(sizeof(scalar_t));
   const auto* kc = static_cast<const scalar_t*>(p.k);
   const auto* vc = static_cast<const scalar_t*>(p.v);
+#if defined(DCP_OPS_AMX)
+  // Q^T of every (token, KV head) packed for the score tiles once, before the items (which share it by token).
+  const int64_t qb_size = qterms * amx::q_size(G, p.Dk);
+  std::unique_ptr<amx::bf16[]> qb(amx ? new amx::bf16[p.T * p.Hkv * qb_size] : nullptr);
+  if (amx)
+    at::parallel_for(0, p.T * p.Hkv, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t th = begin; th < end; ++th) {
+        const int64_t t = th / p.Hkv, kvh = th % p.Hkv;
+        amx::pack_q(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, p.q_exact_bf16 ? 1.f / p.q_mult : 1.f,
+                    qterms, qb.get() + th * qb_size);
+      }
+    });
+#endif
 
   at::parallel_for(0, std::min(threads, items), 1, [&](int64_t, int64_t) {
     // Running state lives in this thread's buffers (items of other threads share cache lines in part_*).
@@ -264,6 +289,13 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     // is written first)
     std::unique_ptr<float[]> kf(convert ? new float[kTileMax * p.Dk] : nullptr),
         vf(convert && !v_in_k ? new float[kTileMax * p.Dv] : nullptr);
+#if defined(DCP_OPS_AMX)
+    // AMX: the tile configuration for this thread, copies of unevenly strided K rows, V in pairs of rows, P terms
+    std::optional<amx::TileScope> tiles;
+    if (amx) tiles.emplace();
+    std::unique_ptr<amx::bf16[]> kbuf(amx ? new amx::bf16[kTileMax * p.Dk] : nullptr),
+        vbuf(amx ? new amx::bf16[kTileMax * p.Dv] : nullptr), pbuf(amx ? new amx::bf16[2 * G * kTileMax] : nullptr);
+#endif
     for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
       const int64_t len = p.seq_lens[t];
@@ -275,7 +307,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       std::fill(o, o + p.Hq * p.Dv, 0.f);
       std::fill(m, m + p.Hq, kNegInf);
       std::fill(l, l + p.Hq, 0.f);
-      if (j0 < j1) {
+      if (j0 < j1 && !amx) {
         if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
           const float inv = 1.f / p.q_mult;
           if (dp8) std::fill(qp.begin(), qp.end(), c10::BFloat16(0.f));
@@ -316,6 +348,23 @@ void paged_decode_impl(const PagedDecodeParams& p) {
           const RowPtrs<scalar_t> v{vrows.data(), kvh * p.v_sh};
           float* oh = o + kvh * G * p.Dv;
           const Strided<float> pt{st.data(), 1, G};  // P = st^T, read in place
+#if defined(DCP_OPS_AMX)
+          if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+            if (amx) {
+              auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
+              auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
+              amx::scores(n, G, p.Dk, krow, p.k_st, qb.get() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(),
+                          kbuf.get(), pf);
+              if (p.q_exact_bf16) scale_scores(st.data(), n * G, p.q_mult);
+              softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
+              const int64_t np = amx::padded(n);
+              amx::pack_p(st.data(), n, G, np, pbuf.get(), pbuf.get() + G * np);
+              amx::pack_v(vrow, n, np, p.Dv, vbuf.get());
+              amx::pv(G, p.Dv, np, pbuf.get(), pbuf.get() + G * np, vbuf.get(), oh, pf);
+              continue;
+            }
+          }
+#endif
           if (dp8) {
 #if defined(DCP_OPS_AVX512_BF16)
             if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)

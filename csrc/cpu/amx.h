@@ -1,0 +1,320 @@
+// AMX (Advanced Matrix Extensions) tile kernels for paged decode over a bf16 cache, in builds for the amx ISA level.
+// TDPBF16PS multiplies bf16 pairs exactly and adds the products to fp32 tiles with fp32 additions, as vdpbf16ps does,
+// so results are those of fp32 arithmetic on the same values. Operands that are not exactly bf16 (an fp32 query
+// absorbed through w_uk, the fp32 probabilities) are split into sums of bf16 terms first: x = hi + lo leaves at
+// most 2^-16 |x| behind, x = hi + mid + lo nothing (8 + 8 + 8 significant bits hold fp32's 24).
+//
+// Tiles: tmm0-3 accumulate C (16 rows x 16 fp32), tmm4-5 hold A (16 rows x 32 bf16), tmm6-7 hold B (16 pairs of rows
+// x 16 columns, "VNNI": B[2r + e][n] at pair r, column n, element e).
+//   scores: S^T [tokens x heads] = K [tokens x Dk] * Q^T [Dk x heads]; A read from the cache rows in place (or from a
+//           copy where 16 rows are not evenly strided), Q^T packed once per query.
+//   P.V:    O [heads x Dv] += P [heads x tokens] * V [tokens x Dv]; P transposed from the softmax's S^T layout and
+//           split hi + lo, V packed in pairs of token rows per tile.
+#pragma once
+
+#if defined(DCP_OPS_AMX)
+
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+namespace dcp_ops::cpu::amx {
+
+using bf16 = c10::BFloat16;
+
+constexpr int64_t kRows = 16;  // tile rows (tokens of an A tile of K; heads of an A tile of P)
+constexpr int64_t kPair = 32;  // bf16 elements of an A tile row: the K extent of one TDPBF16PS
+
+// Asks Linux for the AMX tile state (once per process); false where the kernel refuses it.
+inline bool request_permission() {
+  static const bool granted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+
+// Whether these kernels take a problem: heads per KV head a multiple of 16, K and V row widths multiples of 32.
+inline bool fits(int64_t G, int64_t Dk, int64_t Dv) { return G % 16 == 0 && Dk % kPair == 0 && Dv % kPair == 0; }
+
+// Loads the one tile configuration (every tile 16 rows of 64 bytes) on this thread for the lifetime of the object.
+struct TileScope {
+  TileScope() {
+    alignas(64) uint8_t cfg[64] = {};
+    cfg[0] = 1;  // palette 1
+    for (int t = 0; t < 8; ++t) {
+      const uint16_t colsb = 64;
+      std::memcpy(cfg + 16 + 2 * t, &colsb, 2);
+      cfg[48 + t] = 16;
+    }
+    asm volatile("ldtilecfg %0" ::"m"(cfg) : "memory");
+  }
+  ~TileScope() { asm volatile("tilerelease" ::: "memory"); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+// Tile instructions with the tile numbers as template arguments (the assembler takes them as literals). Loads and
+// stores clobber memory so that the compiler orders them with the plain stores and loads around them (GCC's own
+// _tile_loadd does not).
+template <int T> inline void load(const void* base, int64_t stride);
+template <int T> inline void store(void* base, int64_t stride);
+template <int T> inline void zero();
+template <int C, int A, int B> inline void dp();
+#define DCP_AMX_TILE(T)                                                                                     \
+  template <> inline void load<T>(const void* base, int64_t stride) {                                      \
+    asm volatile("tileloadd (%0,%1,1), %%tmm" #T ::"r"(base), "r"(stride) : "memory");                     \
+  }                                                                                                         \
+  template <> inline void store<T>(void* base, int64_t stride) {                                           \
+    asm volatile("tilestored %%tmm" #T ", (%0,%1,1)" ::"r"(base), "r"(stride) : "memory");                 \
+  }                                                                                                         \
+  template <> inline void zero<T>() { asm volatile("tilezero %%tmm" #T ::); }
+DCP_AMX_TILE(0)
+DCP_AMX_TILE(1)
+DCP_AMX_TILE(2)
+DCP_AMX_TILE(3)
+DCP_AMX_TILE(4)
+DCP_AMX_TILE(5)
+DCP_AMX_TILE(6)
+DCP_AMX_TILE(7)
+#undef DCP_AMX_TILE
+#define DCP_AMX_DP(C, A, B) \
+  template <> inline void dp<C, A, B>() { asm volatile("tdpbf16ps %%tmm" #B ", %%tmm" #A ", %%tmm" #C ::); }
+#define DCP_AMX_DP_C(C) DCP_AMX_DP(C, 4, 6) DCP_AMX_DP(C, 4, 7) DCP_AMX_DP(C, 5, 6) DCP_AMX_DP(C, 5, 7)
+DCP_AMX_DP_C(0)
+DCP_AMX_DP_C(1)
+DCP_AMX_DP_C(2)
+DCP_AMX_DP_C(3)
+#undef DCP_AMX_DP_C
+#undef DCP_AMX_DP
+
+template <typename F, int... I>
+inline void unrolled(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+inline void unrolled(F&& f) {
+  unrolled(std::forward<F>(f), std::make_integer_sequence<int, N>{});
+}
+
+// Elements of packed Q^T for one KV head and one bf16 term: Dk / 2 pairs of rows by G heads by 2.
+inline int64_t q_size(int64_t G, int64_t Dk) { return Dk * G; }
+
+// Packs Q^T of G heads (q rows of Dk fp32 at stride q_sh, times mult) for the score tiles, as `terms` bf16 terms:
+// qb[(s * Dk / 2 + r) * G + g][e] = term s of q[g][2r + e] * mult.
+inline void pack_q(int64_t G, int64_t Dk, const float* q, int64_t q_sh, float mult, int terms, bf16* qb) {
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < Dk; ++d) {
+      float rest = q[g * q_sh + d] * mult;
+      for (int s = 0; s < terms; ++s) {
+        const bf16 part(rest);  // round to nearest even
+        qb[s * Dk * G + ((d / 2) * G + g) * 2 + d % 2] = part;
+        rest -= static_cast<float>(part);  // exact: the rounding error of the part just taken
+      }
+    }
+}
+
+// Where the A tiles of a score block read their 16 token rows: in place when the rows are evenly strided and all
+// present, else from a zero-padded copy in kbuf (rows of Dk elements).
+struct ARows {
+  const bf16* base[4];
+  int64_t stride[4];  // bytes
+};
+
+// rows(i): token row i of this KV head (i < n). Groups of 16 tokens starting at group0 * 16, at most 4 of them.
+template <typename Rows>
+inline ARows a_rows(const Rows& rows, int64_t n, int64_t group0, int64_t groups, int64_t Dk, int64_t row_stride,
+                    bf16* kbuf) {
+  ARows a{};
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t i0 = (group0 + g) * kRows;
+    bool even = i0 + kRows <= n;
+    for (int64_t r = 1; even && r < kRows; ++r) even = rows(i0 + r) == rows(i0) + r * row_stride;
+    if (even) {
+      a.base[g] = rows(i0);
+      a.stride[g] = row_stride * static_cast<int64_t>(sizeof(bf16));
+      continue;
+    }
+    bf16* dst = kbuf + i0 * Dk;
+    for (int64_t r = 0; r < kRows; ++r) {
+      if (i0 + r < n)
+        std::memcpy(dst + r * Dk, rows(i0 + r), Dk * sizeof(bf16));
+      else
+        std::memset(static_cast<void*>(dst + r * Dk), 0, Dk * sizeof(bf16));
+    }
+    a.base[g] = dst;
+    a.stride[g] = Dk * static_cast<int64_t>(sizeof(bf16));
+  }
+  return a;
+}
+
+// S^T rows [16 * TM] x heads [16 * TN] of one block: C tile (m, h) in tmm(m * TN + h). Per 32-wide chunk of Dk and
+// per bf16 term of Q: the TN B tiles of Q^T, then each A tile of K against them.
+template <int TM, int TN>
+inline void score_block(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, int64_t h0, int terms, float* st) {
+  static_assert(TM * TN <= 4 && TN <= 2, "four accumulator tiles, two B tiles");
+  unrolled<TM * TN>([&](auto c) { zero<decltype(c)::value>(); });
+  const int64_t qstride = G * 2 * static_cast<int64_t>(sizeof(bf16));
+  for (int64_t k = 0; k < Dk; k += kPair) {
+    for (int s = 0; s < terms; ++s) {
+      const bf16* qk = qb + s * Dk * G + ((k / 2) * G + h0) * 2;
+      unrolled<TN>([&](auto h) { load<6 + decltype(h)::value>(qk + decltype(h)::value * 16 * 2, qstride); });
+      unrolled<TM>([&](auto m) {
+        constexpr int M = decltype(m)::value, at = 4 + (M & 1);
+        load<at>(a.base[M] + k, a.stride[M]);
+        unrolled<TN>([&](auto h) { dp<M * TN + decltype(h)::value, at, 6 + decltype(h)::value>(); });
+      });
+    }
+  }
+  unrolled<TM>([&](auto m) {
+    unrolled<TN>([&](auto h) {
+      constexpr int M = decltype(m)::value, H = decltype(h)::value;
+      store<M * TN + H>(st + (M * kRows) * G + h0 + H * 16, G * static_cast<int64_t>(sizeof(float)));
+    });
+  });
+}
+
+// st[i * G + h] = K_i . Q_h for i < round_up(n, 16) (rows past n score zero rows), h < G, over every bf16 term of Q.
+// hook() runs between blocks (prefetches of the next tile).
+template <typename Rows, typename Hook>
+inline void scores(int64_t n, int64_t G, int64_t Dk, const Rows& rows, int64_t row_stride, const bf16* qb,
+                   int terms, float* st, bf16* kbuf, Hook& hook) {
+  const int64_t groups = (n + kRows - 1) / kRows;
+  if (G == 16) {  // one head tile: up to four token groups against it
+    for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+      const int64_t tm = std::min<int64_t>(4, groups - g0);
+      const ARows a = a_rows(rows, n, g0, tm, Dk, row_stride, kbuf);
+      float* s = st + g0 * kRows * G;
+      switch (tm) {
+        case 1: score_block<1, 1>(a, Dk, qb, G, 0, terms, s); break;
+        case 2: score_block<2, 1>(a, Dk, qb, G, 0, terms, s); break;
+        case 3: score_block<3, 1>(a, Dk, qb, G, 0, terms, s); break;
+        default: score_block<4, 1>(a, Dk, qb, G, 0, terms, s); break;
+      }
+      hook();
+    }
+    return;
+  }
+  for (int64_t g0 = 0; g0 < groups; g0 += 2) {  // pairs of token groups against pairs of head tiles
+    const int64_t tm = std::min<int64_t>(2, groups - g0);
+    const ARows a = a_rows(rows, n, g0, tm, Dk, row_stride, kbuf);
+    float* s = st + g0 * kRows * G;
+    for (int64_t h0 = 0; h0 < G; h0 += 32) {
+      const bool two = h0 + 32 <= G;
+      if (tm == 2)
+        two ? score_block<2, 2>(a, Dk, qb, G, h0, terms, s) : score_block<2, 1>(a, Dk, qb, G, h0, terms, s);
+      else
+        two ? score_block<1, 2>(a, Dk, qb, G, h0, terms, s) : score_block<1, 1>(a, Dk, qb, G, h0, terms, s);
+      hook();
+    }
+  }
+}
+
+// Tokens of a P.V tile rounded up to whole A tiles of P.
+inline int64_t padded(int64_t n) { return (n + kPair - 1) / kPair * kPair; }
+
+// In-register transpose of 16 rows of 16 floats.
+inline void transpose16(__m512 (&r)[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + j], 128-bit lane L: rows 4i .. 4i + 3 of column 4L + j
+    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 v02 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88), w02 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);
+    const __m512 v13 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD), w13 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
+    r[j] = _mm512_shuffle_f32x4(v02, w02, 0x88);
+    r[8 + j] = _mm512_shuffle_f32x4(v02, w02, 0xDD);
+    r[4 + j] = _mm512_shuffle_f32x4(v13, w13, 0x88);
+    r[12 + j] = _mm512_shuffle_f32x4(v13, w13, 0xDD);
+  }
+}
+
+// P [G x np] as hi + lo bf16 terms from the probabilities st [n x G] (S^T layout); columns n .. np are zero.
+inline void pack_p(const float* st, int64_t n, int64_t G, int64_t np, bf16* hi, bf16* lo) {
+  for (int64_t g0 = 0; g0 < G; g0 += 16)
+    for (int64_t i0 = 0; i0 < np; i0 += 16) {
+      __m512 r[16];
+      for (int64_t i = 0; i < 16; ++i)
+        r[i] = i0 + i < n ? _mm512_loadu_ps(st + (i0 + i) * G + g0) : _mm512_setzero_ps();
+      transpose16(r);  // r[h]: head g0 + h over tokens i0 .. i0 + 15
+      for (int64_t h = 0; h < 16; ++h) {
+        const __m256bh x = _mm512_cvtneps_pbh(r[h]);
+        const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)x), 16));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + (g0 + h) * np + i0), (__m256i)x);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + (g0 + h) * np + i0),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(r[h], back)));
+      }
+    }
+}
+
+// V [np x Dv] in pairs of token rows for the B tiles: vb[(r * Dv + d) * 2 + e] = V[2r + e][d], rows n .. np zero.
+template <typename Rows>
+inline void pack_v(const Rows& rows, int64_t n, int64_t np, int64_t Dv, bf16* vb) {
+  alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                               8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo_idx = _mm512_load_si512(kLo);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  for (int64_t r = 0; r < np / 2; ++r) {
+    const bf16* a = 2 * r < n ? rows(2 * r) : nullptr;
+    const bf16* b = 2 * r + 1 < n ? rows(2 * r + 1) : nullptr;
+    bf16* dst = vb + r * Dv * 2;
+    for (int64_t d = 0; d < Dv; d += 32) {
+      const __m512i x = a ? _mm512_loadu_si512(a + d) : _mm512_setzero_si512();
+      const __m512i y = b ? _mm512_loadu_si512(b + d) : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + d * 2, _mm512_permutex2var_epi16(x, lo_idx, y));
+      _mm512_storeu_si512(dst + d * 2 + 32, _mm512_permutex2var_epi16(x, hi_idx, y));
+    }
+  }
+}
+
+// O rows of one head tile, ND dim tiles from column d0: load, add P_hi.V + P_lo.V over the np tokens, store.
+template <int ND>
+inline void pv_block(const bf16* hi, const bf16* lo, int64_t np, const bf16* vb, int64_t Dv, int64_t d0, float* o) {
+  const int64_t ostride = Dv * static_cast<int64_t>(sizeof(float));
+  const int64_t pstride = np * static_cast<int64_t>(sizeof(bf16));
+  const int64_t vstride = Dv * 2 * static_cast<int64_t>(sizeof(bf16));
+  unrolled<ND>([&](auto d) { load<decltype(d)::value>(o + d0 + decltype(d)::value * 16, ostride); });
+  for (int64_t k = 0; k < np; k += kPair) {
+    load<4>(hi + k, pstride);
+    load<5>(lo + k, pstride);
+    unrolled<ND>([&](auto d) {
+      constexpr int D = decltype(d)::value, bt = 6 + (D & 1);
+      load<bt>(vb + ((k / 2) * Dv + d0 + D * 16) * 2, vstride);
+      dp<D, 4, bt>();
+      dp<D, 5, bt>();
+    });
+  }
+  unrolled<ND>([&](auto d) { store<decltype(d)::value>(o + d0 + decltype(d)::value * 16, ostride); });
+}
+
+// O [G x Dv] += (hi + lo) [G x np] * V, V packed by pack_v.
+template <typename Hook>
+inline void pv(int64_t G, int64_t Dv, int64_t np, const bf16* hi, const bf16* lo, const bf16* vb, float* o,
+               Hook& hook) {
+  for (int64_t h0 = 0; h0 < G; h0 += 16) {
+    const bf16* ph = hi + h0 * np;
+    const bf16* pl = lo + h0 * np;
+    float* oh = o + h0 * Dv;
+    int64_t d0 = 0;
+    for (; d0 + 64 <= Dv; d0 += 64) pv_block<4>(ph, pl, np, vb, Dv, d0, oh);
+    if (d0 < Dv) pv_block<2>(ph, pl, np, vb, Dv, d0, oh);  // Dv is a multiple of 32
+    hook();
+  }
+}
+
+}  // namespace dcp_ops::cpu::amx
+
+#endif  // DCP_OPS_AMX
