@@ -252,3 +252,39 @@ def test_bf16_queries_on_a_bf16_cache_with_whole_vectors_of_heads(heads, dims, h
         r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, scale)
     assert_matches(out, r_out, dt, "out")
     assert_lse_matches(lse, r_lse, "lse")
+
+
+@pytest.mark.parametrize("case", ["gqa8_d128", "gqa12_d64", "gqa24_d256", "mla16", "mla32_w_uk", "mla128_w_uk_uv"])
+@pytest.mark.parametrize("block_size", [1, 16, 48, 64])
+def test_bf16_cache_on_tile_kernels(case, block_size):
+    """A bf16 cache with 8 or more heads per KV head and row widths that are multiples of 32: in builds for the amx
+    ISA level both GEMMs run on AMX tiles (csrc/cpu/amx.h). Covers whole and partial groups of 16 tokens, rows read in
+    place (evenly strided) and copied (block sizes 1 and 48 break a group of 16 across blocks), heads padded to 16
+    (8, 12, 24), a query absorbed through w_uk (three bf16 terms) and a bf16 one (one term), at 3x the softmax scale.
+    Slots past each sequence are NaN, so a tile row read past a sequence fails."""
+    gen = torch.Generator().manual_seed(block_size * 7 + len(case))
+    lens = [1, 15, 16, 17, 0, 95, 300]
+    dt = torch.bfloat16
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    T = len(lens)
+    if case.startswith("gqa"):
+        group, d = (int(x) for x in case[3:].split("_d"))
+        k, table = paged_cache(lens, block_size, (2, d), dt, gen)
+        v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dt, gen=gen))
+        q = randn(T, 2 * group, d, dtype=dt, gen=gen)
+        args = (q, k, v, table, seq_lens, 3 * d ** -0.5)
+        out, lse = dcp_ops.gqa_decode_partial(*args)
+        r_out, r_lse = ref.gqa_decode_partial(*args)
+    else:
+        heads = int(case[3:].split("_")[0])
+        kv, table = paged_cache(lens, block_size, (576,), dt, gen)
+        w_uk = randn(heads, 128, 512, dtype=dt, gen=gen, scale=128 ** -0.5) if "w_uk" in case else None
+        w_uv = randn(heads, 512, 128, dtype=dt, gen=gen, scale=512 ** -0.5) if "uv" in case else None
+        q_nope = randn(T, heads, 128 if w_uk is not None else 512, dtype=dt, gen=gen)
+        q_pe = randn(T, heads, 64, dtype=dt, gen=gen)
+        args = (q_nope, q_pe, kv, table, seq_lens, 3 * 192 ** -0.5, w_uk, w_uv)
+        out, lse = dcp_ops.mla_decode_partial(*args)
+        r_out, r_lse = ref.mla_decode_partial(*args)
+    assert out.dtype == dt
+    assert_matches(out, r_out, dt, "out")
+    assert_lse_matches(lse, r_lse, "lse")

@@ -40,8 +40,12 @@ inline bool request_permission() {
   return granted;
 }
 
-// Whether these kernels take a problem: heads per KV head a multiple of 16, K and V row widths multiples of 32.
-inline bool fits(int64_t G, int64_t Dk, int64_t Dv) { return G % 16 == 0 && Dk % kPair == 0 && Dv % kPair == 0; }
+// Whether these kernels take a problem: at least 8 heads per KV head (fewer would leave most of a 16-row tile idle),
+// K and V row widths multiples of 32.
+inline bool fits(int64_t G, int64_t Dk, int64_t Dv) { return G >= 8 && Dk % kPair == 0 && Dv % kPair == 0; }
+
+// Heads per KV head rounded up to whole tiles of 16; the kernels compute the heads past G from zero queries.
+inline int64_t padded_heads(int64_t G) { return (G + 15) / 16 * 16; }
 
 // Loads the one tile configuration (every tile 16 rows of 64 bytes) on this thread for the lifetime of the object.
 struct TileScope {
@@ -106,15 +110,15 @@ inline void unrolled(F&& f) {
 // Elements of packed Q^T for one KV head and one bf16 term: Dk / 2 pairs of rows by G heads by 2.
 inline int64_t q_size(int64_t G, int64_t Dk) { return Dk * G; }
 
-// Packs Q^T of G heads (q rows of Dk fp32 at stride q_sh, times mult) for the score tiles, as `terms` bf16 terms:
-// qb[(s * Dk / 2 + r) * G + g][e] = term s of q[g][2r + e] * mult.
-inline void pack_q(int64_t G, int64_t Dk, const float* q, int64_t q_sh, float mult, int terms, bf16* qb) {
-  for (int64_t g = 0; g < G; ++g)
+// Packs Q^T of G heads (q rows of Dk fp32 at stride q_sh, times mult) for the score tiles as `terms` bf16 terms, in
+// Ga >= G columns (zero past G): qb[(s * Dk / 2 + r) * Ga + g][e] = term s of q[g][2r + e] * mult.
+inline void pack_q(int64_t G, int64_t Ga, int64_t Dk, const float* q, int64_t q_sh, float mult, int terms, bf16* qb) {
+  for (int64_t g = 0; g < Ga; ++g)
     for (int64_t d = 0; d < Dk; ++d) {
-      float rest = q[g * q_sh + d] * mult;
+      float rest = g < G ? q[g * q_sh + d] * mult : 0.f;
       for (int s = 0; s < terms; ++s) {
         const bf16 part(rest);  // round to nearest even
-        qb[s * Dk * G + ((d / 2) * G + g) * 2 + d % 2] = part;
+        qb[s * Dk * Ga + ((d / 2) * Ga + g) * 2 + d % 2] = part;
         rest -= static_cast<float>(part);  // exact: the rounding error of the part just taken
       }
     }
@@ -155,9 +159,10 @@ inline ARows a_rows(const Rows& rows, int64_t n, int64_t group0, int64_t groups,
 }
 
 // S^T rows [16 * TM] x heads [16 * TN] of one block: C tile (m, h) in tmm(m * TN + h). Per 32-wide chunk of Dk and
-// per bf16 term of Q: the TN B tiles of Q^T, then each A tile of K against them.
-template <int TM, int TN>
-inline void score_block(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, int64_t h0, int terms, float* st) {
+// per bf16 term of Q: the TN B tiles of Q^T, then each A tile of K against them. hook() runs after every chunk.
+template <int TM, int TN, typename Hook>
+inline void score_block(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, int64_t h0, int terms, float* st,
+                        Hook& hook) {
   static_assert(TM * TN <= 4 && TN <= 2, "four accumulator tiles, two B tiles");
   unrolled<TM * TN>([&](auto c) { zero<decltype(c)::value>(); });
   const int64_t qstride = G * 2 * static_cast<int64_t>(sizeof(bf16));
@@ -171,6 +176,7 @@ inline void score_block(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, i
         unrolled<TN>([&](auto h) { dp<M * TN + decltype(h)::value, at, 6 + decltype(h)::value>(); });
       });
     }
+    hook();
   }
   unrolled<TM>([&](auto m) {
     unrolled<TN>([&](auto h) {
@@ -192,12 +198,11 @@ inline void scores(int64_t n, int64_t G, int64_t Dk, const Rows& rows, int64_t r
       const ARows a = a_rows(rows, n, g0, tm, Dk, row_stride, kbuf);
       float* s = st + g0 * kRows * G;
       switch (tm) {
-        case 1: score_block<1, 1>(a, Dk, qb, G, 0, terms, s); break;
-        case 2: score_block<2, 1>(a, Dk, qb, G, 0, terms, s); break;
-        case 3: score_block<3, 1>(a, Dk, qb, G, 0, terms, s); break;
-        default: score_block<4, 1>(a, Dk, qb, G, 0, terms, s); break;
+        case 1: score_block<1, 1>(a, Dk, qb, G, 0, terms, s, hook); break;
+        case 2: score_block<2, 1>(a, Dk, qb, G, 0, terms, s, hook); break;
+        case 3: score_block<3, 1>(a, Dk, qb, G, 0, terms, s, hook); break;
+        default: score_block<4, 1>(a, Dk, qb, G, 0, terms, s, hook); break;
       }
-      hook();
     }
     return;
   }
@@ -208,10 +213,9 @@ inline void scores(int64_t n, int64_t G, int64_t Dk, const Rows& rows, int64_t r
     for (int64_t h0 = 0; h0 < G; h0 += 32) {
       const bool two = h0 + 32 <= G;
       if (tm == 2)
-        two ? score_block<2, 2>(a, Dk, qb, G, h0, terms, s) : score_block<2, 1>(a, Dk, qb, G, h0, terms, s);
+        two ? score_block<2, 2>(a, Dk, qb, G, h0, terms, s, hook) : score_block<2, 1>(a, Dk, qb, G, h0, terms, s, hook);
       else
-        two ? score_block<1, 2>(a, Dk, qb, G, h0, terms, s) : score_block<1, 1>(a, Dk, qb, G, h0, terms, s);
-      hook();
+        two ? score_block<1, 2>(a, Dk, qb, G, h0, terms, s, hook) : score_block<1, 1>(a, Dk, qb, G, h0, terms, s, hook);
     }
   }
 }
@@ -260,7 +264,9 @@ inline void pack_p(const float* st, int64_t n, int64_t G, int64_t np, bf16* hi, 
     }
 }
 
-// V [np x Dv] in pairs of token rows for the B tiles: vb[(r * Dv + d) * 2 + e] = V[2r + e][d], rows n .. np zero.
+// V [np x Dv] in pairs of token rows for the B tiles, each column tile of 16 its own contiguous run (a B tile's rows
+// 64 bytes apart, not Dv * 4, whose power-of-two stride lands a tile's rows in a few L1 sets):
+// vb[((d / 16) * np / 2 + r) * 32 + (d % 16) * 2 + e] = V[2r + e][d], rows n .. np zero.
 template <typename Rows>
 inline void pack_v(const Rows& rows, int64_t n, int64_t np, int64_t Dv, bf16* vb) {
   alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
@@ -270,12 +276,13 @@ inline void pack_v(const Rows& rows, int64_t n, int64_t np, int64_t Dv, bf16* vb
   for (int64_t r = 0; r < np / 2; ++r) {
     const bf16* a = 2 * r < n ? rows(2 * r) : nullptr;
     const bf16* b = 2 * r + 1 < n ? rows(2 * r + 1) : nullptr;
-    bf16* dst = vb + r * Dv * 2;
+    bf16* dst = vb + r * 32;
+    const int64_t tile = np / 2 * 32;  // elements of one column tile
     for (int64_t d = 0; d < Dv; d += 32) {
       const __m512i x = a ? _mm512_loadu_si512(a + d) : _mm512_setzero_si512();
       const __m512i y = b ? _mm512_loadu_si512(b + d) : _mm512_setzero_si512();
-      _mm512_storeu_si512(dst + d * 2, _mm512_permutex2var_epi16(x, lo_idx, y));
-      _mm512_storeu_si512(dst + d * 2 + 32, _mm512_permutex2var_epi16(x, hi_idx, y));
+      _mm512_storeu_si512(dst + (d / 16) * tile, _mm512_permutex2var_epi16(x, lo_idx, y));
+      _mm512_storeu_si512(dst + (d / 16 + 1) * tile, _mm512_permutex2var_epi16(x, hi_idx, y));
     }
   }
 }
@@ -285,14 +292,14 @@ template <int ND>
 inline void pv_block(const bf16* hi, const bf16* lo, int64_t np, const bf16* vb, int64_t Dv, int64_t d0, float* o) {
   const int64_t ostride = Dv * static_cast<int64_t>(sizeof(float));
   const int64_t pstride = np * static_cast<int64_t>(sizeof(bf16));
-  const int64_t vstride = Dv * 2 * static_cast<int64_t>(sizeof(bf16));
+  const int64_t vstride = 32 * static_cast<int64_t>(sizeof(bf16));
   unrolled<ND>([&](auto d) { load<decltype(d)::value>(o + d0 + decltype(d)::value * 16, ostride); });
   for (int64_t k = 0; k < np; k += kPair) {
     load<4>(hi + k, pstride);
     load<5>(lo + k, pstride);
     unrolled<ND>([&](auto d) {
       constexpr int D = decltype(d)::value, bt = 6 + (D & 1);
-      load<bt>(vb + ((k / 2) * Dv + d0 + D * 16) * 2, vstride);
+      load<bt>(vb + (((d0 / 16 + D) * np + k) / 2) * 32, vstride);
       dp<D, 4, bt>();
       dp<D, 5, bt>();
     });
@@ -309,9 +316,11 @@ inline void pv(int64_t G, int64_t Dv, int64_t np, const bf16* hi, const bf16* lo
     const bf16* pl = lo + h0 * np;
     float* oh = o + h0 * Dv;
     int64_t d0 = 0;
-    for (; d0 + 64 <= Dv; d0 += 64) pv_block<4>(ph, pl, np, vb, Dv, d0, oh);
+    for (; d0 + 64 <= Dv; d0 += 64) {
+      pv_block<4>(ph, pl, np, vb, Dv, d0, oh);
+      hook();
+    }
     if (d0 < Dv) pv_block<2>(ph, pl, np, vb, Dv, d0, oh);  // Dv is a multiple of 32
-    hook();
   }
 }
 

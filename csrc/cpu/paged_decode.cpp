@@ -26,6 +26,8 @@ namespace dcp_ops::cpu {
 namespace {
 
 constexpr int64_t kTileMax = 64;   // most tokens per tile
+// Tokens per tile of the AMX kernels (128 ran no faster here: MLA 16 and 128 heads, GQA, bf16, 32K, alternated runs).
+constexpr int64_t kTileAmx = 64;
 constexpr int64_t kTileBytes = 16 * 1024;  // small-G tiles: this tile and the next (prefetched) one fit in L1
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLn2 = 0.693147180559945309f;
@@ -223,6 +225,9 @@ void paged_decode_impl(const PagedDecodeParams& p) {
 #else
   constexpr bool amx = false;
 #endif
+  // Heads per KV head as the running state lays them out: the AMX kernels take whole tiles of 16, the heads past G
+  // (zero queries) computed and dropped.
+  const int64_t Ga = amx ? amx::padded_heads(G) : G, Hqa = p.Hkv * Ga;
   const bool dp = !amx && exact_bf16 && G % kVL == 0, dp8 = !amx && exact_bf16 && G <= 8;
   // V rows are the first Dv elements of the K rows (MLA's latent; or one tensor passed as both caches).
   const bool v_in_k = p.v == p.k && p.v_sb == p.k_sb && p.v_st == p.k_st && p.v_sh == p.k_sh && p.Dv <= p.Dk;
@@ -236,8 +241,9 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   // Tiles of a multiple of the rows gemm_nt takes at a time: at 32K tokens, bf16 16q/2kv d128 ran 7-10% faster in
   // tiles of 15 tokens than of 16, whose last token went through a half-idle pair of rows.
   const int64_t rb = dp8 ? kDp8Rows : gemm_nt_row_block(G);
-  const int64_t kTile =
-      nt ? std::clamp<int64_t>((kTileBytes / token_bytes + rb / 2) / rb * rb, rb, kTileMax / rb * rb) : kTileMax;
+  const int64_t kTile = amx ? kTileAmx
+                       : nt ? std::clamp<int64_t>((kTileBytes / token_bytes + rb / 2) / rb * rb, rb, kTileMax / rb * rb)
+                            : kTileMax;
   int64_t max_len = 0;
   for (int64_t t = 0; t < p.T; ++t) max_len = std::max<int64_t>(max_len, p.seq_lens[t]);
   const int64_t threads = at::get_num_threads();
@@ -266,23 +272,24 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   const auto* vc = static_cast<const scalar_t*>(p.v);
 #if defined(DCP_OPS_AMX)
   // Q^T of every (token, KV head) packed for the score tiles once, before the items (which share it by token).
-  const int64_t qb_size = qterms * amx::q_size(G, p.Dk);
+  const int64_t qb_size = qterms * amx::q_size(Ga, p.Dk);
   std::unique_ptr<amx::bf16[]> qb(amx ? new amx::bf16[p.T * p.Hkv * qb_size] : nullptr);
   if (amx)
     at::parallel_for(0, p.T * p.Hkv, 1, [&](int64_t begin, int64_t end) {
       for (int64_t th = begin; th < end; ++th) {
         const int64_t t = th / p.Hkv, kvh = th % p.Hkv;
-        amx::pack_q(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, p.q_exact_bf16 ? 1.f / p.q_mult : 1.f,
-                    qterms, qb.get() + th * qb_size);
+        amx::pack_q(G, Ga, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh,
+                    p.q_exact_bf16 ? 1.f / p.q_mult : 1.f, qterms, qb.get() + th * qb_size);
       }
     });
 #endif
 
   at::parallel_for(0, std::min(threads, items), 1, [&](int64_t, int64_t) {
     // Running state lives in this thread's buffers (items of other threads share cache lines in part_*).
-    std::vector<float> st(kTileMax * G), qt(p.Hkv * qpack), alpha(G), acc_o(p.Hq * p.Dv), acc_m(p.Hq), acc_l(p.Hq);
+    const int64_t rows_max = std::max(kTile, kTileMax);
+    std::vector<float> st(rows_max * Ga), qt(p.Hkv * qpack), alpha(Ga), acc_o(Hqa * p.Dv), acc_m(Hqa), acc_l(Hqa);
     // Row pointers (token entries) of this tile and of the next one, which is being prefetched.
-    std::vector<const scalar_t*> krows(kTileMax), vrows(kTileMax), next_krows(kTileMax), next_vrows(kTileMax);
+    std::vector<const scalar_t*> krows(rows_max), vrows(rows_max), next_krows(rows_max), next_vrows(rows_max);
     TilePrefetcher pf;
     std::vector<c10::BFloat16> qp(dp || dp8 ? p.Hkv * qpairs : 0);
     // fp32 copies of one KV head's tile rows, when `convert` (147 KiB for MLA: left uninitialised, as every row used
@@ -293,8 +300,8 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     // AMX: the tile configuration for this thread, copies of unevenly strided K rows, V in pairs of rows, P terms
     std::optional<amx::TileScope> tiles;
     if (amx) tiles.emplace();
-    std::unique_ptr<amx::bf16[]> kbuf(amx ? new amx::bf16[kTileMax * p.Dk] : nullptr),
-        vbuf(amx ? new amx::bf16[kTileMax * p.Dv] : nullptr), pbuf(amx ? new amx::bf16[2 * G * kTileMax] : nullptr);
+    std::unique_ptr<amx::bf16[]> kbuf(amx ? new amx::bf16[kTile * p.Dk] : nullptr),
+        vbuf(amx ? new amx::bf16[kTile * p.Dv] : nullptr), pbuf(amx ? new amx::bf16[2 * Ga * kTile] : nullptr);
 #endif
     for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
@@ -304,9 +311,9 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       float* o = acc_o.data();
       float* m = acc_m.data();
       float* l = acc_l.data();
-      std::fill(o, o + p.Hq * p.Dv, 0.f);
-      std::fill(m, m + p.Hq, kNegInf);
-      std::fill(l, l + p.Hq, 0.f);
+      std::fill(o, o + Hqa * p.Dv, 0.f);
+      std::fill(m, m + Hqa, kNegInf);
+      std::fill(l, l + Hqa, 0.f);
       if (j0 < j1 && !amx) {
         if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
           const float inv = 1.f / p.q_mult;
@@ -353,14 +360,15 @@ void paged_decode_impl(const PagedDecodeParams& p) {
             if (amx) {
               auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
               auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
-              amx::scores(n, G, p.Dk, krow, p.k_st, qb.get() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(),
+              float* oa = o + kvh * Ga * p.Dv;
+              amx::scores(n, Ga, p.Dk, krow, p.k_st, qb.get() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(),
                           kbuf.get(), pf);
-              if (p.q_exact_bf16) scale_scores(st.data(), n * G, p.q_mult);
-              softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
+              if (p.q_exact_bf16) scale_scores(st.data(), n * Ga, p.q_mult);
+              softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, oa, p.Dv, alpha.data());
               const int64_t np = amx::padded(n);
-              amx::pack_p(st.data(), n, G, np, pbuf.get(), pbuf.get() + G * np);
+              amx::pack_p(st.data(), n, Ga, np, pbuf.get(), pbuf.get() + Ga * np);
               amx::pack_v(vrow, n, np, p.Dv, vbuf.get());
-              amx::pv(G, p.Dv, np, pbuf.get(), pbuf.get() + G * np, vbuf.get(), oh, pf);
+              amx::pv(Ga, p.Dv, np, pbuf.get(), pbuf.get() + Ga * np, vbuf.get(), oa, pf);
               continue;
             }
           }
@@ -408,9 +416,11 @@ void paged_decode_impl(const PagedDecodeParams& p) {
         }
         pf.finish();
       }
-      std::copy(o, o + p.Hq * p.Dv, part_o.get() + item * p.Hq * p.Dv);
-      std::copy(m, m + p.Hq, part_m.get() + item * p.Hq);
-      std::copy(l, l + p.Hq, part_l.get() + item * p.Hq);
+      for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {  // the first G of each KV head's Ga heads
+        std::copy(o + kvh * Ga * p.Dv, o + (kvh * Ga + G) * p.Dv, part_o.get() + (item * p.Hq + kvh * G) * p.Dv);
+        std::copy(m + kvh * Ga, m + kvh * Ga + G, part_m.get() + item * p.Hq + kvh * G);
+        std::copy(l + kvh * Ga, l + kvh * Ga + G, part_l.get() + item * p.Hq + kvh * G);
+      }
     }
   });
 
