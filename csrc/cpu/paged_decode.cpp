@@ -227,7 +227,12 @@ void paged_decode_impl(const PagedDecodeParams& p) {
 #endif
   // Heads per KV head as the running state lays them out: the AMX kernels take whole tiles of 16, the heads past G
   // (zero queries) computed and dropped.
-  const int64_t Ga = amx ? amx::padded_heads(G) : G, Hqa = p.Hkv * Ga;
+#if defined(DCP_OPS_AMX)
+  const int64_t Ga = amx ? amx::padded_heads(G) : G;
+#else
+  const int64_t Ga = G;
+#endif
+  const int64_t Hqa = p.Hkv * Ga;
   const bool dp = !amx && exact_bf16 && G % kVL == 0, dp8 = !amx && exact_bf16 && G <= 8;
   // V rows are the first Dv elements of the K rows (MLA's latent; or one tensor passed as both caches).
   const bool v_in_k = p.v == p.k && p.v_sb == p.k_sb && p.v_st == p.k_st && p.v_sh == p.k_sh && p.Dv <= p.Dk;
