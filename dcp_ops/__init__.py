@@ -25,8 +25,9 @@ def _isa_missing(isa: str) -> str:
     return ""
 
 
-if _isa_missing(_C.cpu_isa):
-    raise ImportError(f"dcp_ops was built for the {_C.cpu_isa} CPU instruction set but {_isa_missing(_C.cpu_isa)}; "
+_missing = _isa_missing(_C.cpu_isa)
+if _missing:
+    raise ImportError(f"dcp_ops was built for the {_C.cpu_isa} CPU instruction set but {_missing}; "
                       "rebuild with DCP_OPS_CPU_ISA=default (or the CPU's ISA)")
 
 from . import reference  # noqa: E402,F401

@@ -187,7 +187,7 @@ inline void score_block(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, i
 }
 
 // st[i * G + h] = K_i . Q_h for i < round_up(n, 16) (rows past n score zero rows), h < G, over every bf16 term of Q.
-// hook() runs between blocks (prefetches of the next tile).
+// hook() runs after every 32-wide chunk of K (prefetches of the next tile).
 template <typename Rows, typename Hook>
 inline void scores(int64_t n, int64_t G, int64_t Dk, const Rows& rows, int64_t row_stride, const bf16* qb,
                    int terms, float* st, bf16* kbuf, Hook& hook) {

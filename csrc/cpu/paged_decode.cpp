@@ -25,9 +25,9 @@ namespace dcp_ops::cpu {
 
 namespace {
 
-constexpr int64_t kTileMax = 64;   // most tokens per tile
-// Tokens per tile of the AMX kernels (128 ran no faster here: MLA 16 and 128 heads, GQA, bf16, 32K, alternated runs).
-constexpr int64_t kTileAmx = 64;
+// Most tokens per tile; the AMX kernels' tiles (128 tokens ran no faster there: MLA 16 and 128 heads, GQA, bf16, 32K,
+// alternated runs).
+constexpr int64_t kTileMax = 64;
 constexpr int64_t kTileBytes = 16 * 1024;  // small-G tiles: this tile and the next (prefetched) one fit in L1
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLn2 = 0.693147180559945309f;
@@ -215,21 +215,17 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   // A bf16 cache and an exact bf16 query in AVX512_BF16 builds: scores by bf16 dot products of the unscaled query,
   // scaled after in fp32; by gemm_dp for whole vectors of heads (MLA), by gemm_dp8 for at most 8 (GQA; P.V as with nt).
   const bool exact_bf16 = kDpBf16 && std::is_same_v<scalar_t, c10::BFloat16> && p.q_exact_bf16;
-  // A bf16 cache in AMX builds, 16 or more heads per KV head (amx::fits): both GEMMs on AMX tiles (amx.h), an fp32
-  // query as three bf16 terms and the probabilities as two.
+  // A bf16 cache in AMX builds, 8 or more heads per KV head (amx::fits): both GEMMs on AMX tiles (amx.h), an fp32
+  // query as three bf16 terms and the probabilities as two. Ga: heads per KV head as the running state lays them out;
+  // the AMX kernels take whole tiles of 16, the heads past G (zero queries) computed and dropped.
 #if defined(DCP_OPS_AMX)
   const bool amx = std::is_same_v<scalar_t, c10::BFloat16> && amx::fits(G, p.Dk, p.Dv);
   TORCH_CHECK(!amx || amx::request_permission(), "paged_decode: Linux refused this process the AMX tile state "
               "(arch_prctl ARCH_REQ_XCOMP_PERM); rebuild with DCP_OPS_CPU_ISA=avx512bf16");
   const int qterms = p.q_exact_bf16 ? 1 : 3;
-#else
-  constexpr bool amx = false;
-#endif
-  // Heads per KV head as the running state lays them out: the AMX kernels take whole tiles of 16, the heads past G
-  // (zero queries) computed and dropped.
-#if defined(DCP_OPS_AMX)
   const int64_t Ga = amx ? amx::padded_heads(G) : G;
 #else
+  constexpr bool amx = false;
   const int64_t Ga = G;
 #endif
   const int64_t Hqa = p.Hkv * Ga;
@@ -246,7 +242,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   // Tiles of a multiple of the rows gemm_nt takes at a time: at 32K tokens, bf16 16q/2kv d128 ran 7-10% faster in
   // tiles of 15 tokens than of 16, whose last token went through a half-idle pair of rows.
   const int64_t rb = dp8 ? kDp8Rows : gemm_nt_row_block(G);
-  const int64_t kTile = amx ? kTileAmx
+  const int64_t kTile = amx ? kTileMax
                        : nt ? std::clamp<int64_t>((kTileBytes / token_bytes + rb / 2) / rb * rb, rb, kTileMax / rb * rb)
                             : kTileMax;
   int64_t max_len = 0;
@@ -291,10 +287,9 @@ void paged_decode_impl(const PagedDecodeParams& p) {
 
   at::parallel_for(0, std::min(threads, items), 1, [&](int64_t, int64_t) {
     // Running state lives in this thread's buffers (items of other threads share cache lines in part_*).
-    const int64_t rows_max = std::max(kTile, kTileMax);
-    std::vector<float> st(rows_max * Ga), qt(p.Hkv * qpack), alpha(Ga), acc_o(Hqa * p.Dv), acc_m(Hqa), acc_l(Hqa);
+    std::vector<float> st(kTileMax * Ga), qt(p.Hkv * qpack), alpha(Ga), acc_o(Hqa * p.Dv), acc_m(Hqa), acc_l(Hqa);
     // Row pointers (token entries) of this tile and of the next one, which is being prefetched.
-    std::vector<const scalar_t*> krows(rows_max), vrows(rows_max), next_krows(rows_max), next_vrows(rows_max);
+    std::vector<const scalar_t*> krows(kTileMax), vrows(kTileMax), next_krows(kTileMax), next_vrows(kTileMax);
     TilePrefetcher pf;
     std::vector<c10::BFloat16> qp(dp || dp8 ? p.Hkv * qpairs : 0);
     // fp32 copies of one KV head's tile rows, when `convert` (147 KiB for MLA: left uninitialised, as every row used
@@ -305,8 +300,8 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     // AMX: the tile configuration for this thread, copies of unevenly strided K rows, V in pairs of rows, P terms
     std::optional<amx::TileScope> tiles;
     if (amx) tiles.emplace();
-    std::unique_ptr<amx::bf16[]> kbuf(amx ? new amx::bf16[kTile * p.Dk] : nullptr),
-        vbuf(amx ? new amx::bf16[kTile * p.Dv] : nullptr), pbuf(amx ? new amx::bf16[2 * Ga * kTile] : nullptr);
+    std::unique_ptr<amx::bf16[]> kbuf(amx ? new amx::bf16[kTileMax * p.Dk] : nullptr),
+        vbuf(amx ? new amx::bf16[kTileMax * p.Dv] : nullptr), pbuf(amx ? new amx::bf16[2 * Ga * kTileMax] : nullptr);
 #endif
     for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
