@@ -8,8 +8,14 @@
 // x 16 columns, "VNNI": B[2r + e][n] at pair r, column n, element e).
 //   scores: S^T [tokens x heads] = K [tokens x Dk] * Q^T [Dk x heads]; A read from the cache rows in place (or from a
 //           copy where 16 rows are not evenly strided), Q^T packed once per query.
-//   P.V:    O [heads x Dv] += P [heads x tokens] * V [tokens x Dv]; P transposed from the softmax's S^T layout and
-//           split hi + lo, V packed in pairs of token rows per tile.
+//   P.V:    O [heads x Dv] += P [heads x tokens] * V [tokens x Dv], P transposed from the softmax's S^T layout and
+//           split hi + lo, in one of two ways:
+//           - V's B tiles are the cache rows themselves (pv_rows, up to kRowsVMaxHeads heads per KV head): a row holds
+//             pairs of adjacent dims, so P goes in the low half of each dword against the even dims and in the high
+//             half against the odd ones (the other half zero), two products per tile and term, O's columns kept
+//             even / odd apart per 32 (interleave_row puts them back);
+//           - V packed in pairs of token rows (pack_v, pv): one product per tile and term, for many heads per KV head,
+//             where the packing is shared by all their tiles.
 #pragma once
 
 #if defined(DCP_OPS_AMX)
@@ -43,6 +49,11 @@ inline bool request_permission() {
 // Whether these kernels take a problem: at least 8 heads per KV head (fewer would leave most of a 16-row tile idle),
 // K and V row widths multiples of 32.
 inline bool fits(int64_t G, int64_t Dk, int64_t Dv) { return G >= 8 && Dk % kPair == 0 && Dv % kPair == 0; }
+
+// Most heads per KV head (padded) whose P.V reads V's B tiles from the cache rows in place (pv_rows), at twice the
+// tile products of pv over V packed by pack_v, whose cost more head tiles share. Per 64 tokens, one thread, rows in
+// L2: MLA 16 heads 9.3 -> 5.4 us, 32 heads 12.6 -> 9.2 us, GQA (8 heads, d128) 2.1 -> 1.5 us.
+constexpr int64_t kRowsVMaxHeads = 32;
 
 // Heads per KV head rounded up to whole tiles of 16; the kernels compute the heads past G from zero queries.
 inline int64_t padded_heads(int64_t G) { return (G + 15) / 16 * 16; }
@@ -124,20 +135,28 @@ inline void pack_q(int64_t G, int64_t Ga, int64_t Dk, const float* q, int64_t q_
     }
 }
 
-// Where the A tiles of a score block read their 16 token rows: in place when the rows are evenly strided and all
-// present, else from a zero-padded copy in kbuf (rows of Dk elements).
+// Groups of 16 tokens in n tokens (a tile of at most 64 tokens has at most 4).
+inline int64_t groups_of(int64_t n) { return (n + kRows - 1) / kRows; }
+
+// Where the tiles of a group of 16 token rows read them (A tiles of K, B tiles of V): in place when the rows are evenly
+// strided and all present, else from a zero-padded copy (rows of `width` elements). from(g): the groups from g on.
 struct ARows {
   const bf16* base[4];
   int64_t stride[4];  // bytes
+  ARows from(int64_t g) const {
+    ARows a{};
+    for (int64_t i = g; i < 4; ++i) a.base[i - g] = base[i], a.stride[i - g] = stride[i];
+    return a;
+  }
 };
 
-// rows(i): token row i of this KV head (i < n). Groups of 16 tokens starting at group0 * 16, at most 4 of them.
+// rows(i): token row i (i < n <= 64) of one KV head, `width` elements read from each; copies go to buf (64 rows of
+// width).
 template <typename Rows>
-inline ARows a_rows(const Rows& rows, int64_t n, int64_t group0, int64_t groups, int64_t Dk, int64_t row_stride,
-                    bf16* kbuf) {
+inline ARows a_rows(const Rows& rows, int64_t n, int64_t width, int64_t row_stride, bf16* buf) {
   ARows a{};
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t i0 = (group0 + g) * kRows;
+  for (int64_t g = 0; g < groups_of(n); ++g) {
+    const int64_t i0 = g * kRows;
     bool even = i0 + kRows <= n;
     for (int64_t r = 1; even && r < kRows; ++r) even = rows(i0 + r) == rows(i0) + r * row_stride;
     if (even) {
@@ -145,15 +164,15 @@ inline ARows a_rows(const Rows& rows, int64_t n, int64_t group0, int64_t groups,
       a.stride[g] = row_stride * static_cast<int64_t>(sizeof(bf16));
       continue;
     }
-    bf16* dst = kbuf + i0 * Dk;
+    bf16* dst = buf + i0 * width;
     for (int64_t r = 0; r < kRows; ++r) {
       if (i0 + r < n)
-        std::memcpy(dst + r * Dk, rows(i0 + r), Dk * sizeof(bf16));
+        std::memcpy(dst + r * width, rows(i0 + r), width * sizeof(bf16));
       else
-        std::memset(static_cast<void*>(dst + r * Dk), 0, Dk * sizeof(bf16));
+        std::memset(static_cast<void*>(dst + r * width), 0, width * sizeof(bf16));
     }
     a.base[g] = dst;
-    a.stride[g] = Dk * static_cast<int64_t>(sizeof(bf16));
+    a.stride[g] = width * static_cast<int64_t>(sizeof(bf16));
   }
   return a;
 }
@@ -186,36 +205,31 @@ inline void score_block(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, i
   });
 }
 
-// st[i * G + h] = K_i . Q_h for i < round_up(n, 16) (rows past n score zero rows), h < G, over every bf16 term of Q.
-// hook() runs after every 32-wide chunk of K (prefetches of the next tile).
-template <typename Rows, typename Hook>
-inline void scores(int64_t n, int64_t G, int64_t Dk, const Rows& rows, int64_t row_stride, const bf16* qb,
-                   int terms, float* st, bf16* kbuf, Hook& hook) {
-  const int64_t groups = (n + kRows - 1) / kRows;
-  if (G == 16) {  // one head tile: up to four token groups against it
-    for (int64_t g0 = 0; g0 < groups; g0 += 4) {
-      const int64_t tm = std::min<int64_t>(4, groups - g0);
-      const ARows a = a_rows(rows, n, g0, tm, Dk, row_stride, kbuf);
-      float* s = st + g0 * kRows * G;
-      switch (tm) {
-        case 1: score_block<1, 1>(a, Dk, qb, G, 0, terms, s, hook); break;
-        case 2: score_block<2, 1>(a, Dk, qb, G, 0, terms, s, hook); break;
-        case 3: score_block<3, 1>(a, Dk, qb, G, 0, terms, s, hook); break;
-        default: score_block<4, 1>(a, Dk, qb, G, 0, terms, s, hook); break;
-      }
+// st[i * G + h] = K_i . Q_h for i < round_up(n, 16) (rows past n score zero rows), h < G, over every bf16 term of Q;
+// a: the tile's K rows (a_rows). hook() runs after every 32-wide chunk of K (prefetches of the next tile).
+template <typename Hook>
+inline void scores(int64_t n, int64_t G, int64_t Dk, const ARows& a, const bf16* qb, int terms, float* st,
+                   Hook& hook) {
+  const int64_t groups = groups_of(n);
+  if (G == 16) {  // one head tile: every token group (at most 4) against it
+    switch (groups) {
+      case 1: score_block<1, 1>(a, Dk, qb, G, 0, terms, st, hook); break;
+      case 2: score_block<2, 1>(a, Dk, qb, G, 0, terms, st, hook); break;
+      case 3: score_block<3, 1>(a, Dk, qb, G, 0, terms, st, hook); break;
+      default: score_block<4, 1>(a, Dk, qb, G, 0, terms, st, hook); break;
     }
     return;
   }
   for (int64_t g0 = 0; g0 < groups; g0 += 2) {  // pairs of token groups against pairs of head tiles
-    const int64_t tm = std::min<int64_t>(2, groups - g0);
-    const ARows a = a_rows(rows, n, g0, tm, Dk, row_stride, kbuf);
+    const bool tm2 = g0 + 2 <= groups;
+    const ARows ag = a.from(g0);
     float* s = st + g0 * kRows * G;
     for (int64_t h0 = 0; h0 < G; h0 += 32) {
       const bool two = h0 + 32 <= G;
-      if (tm == 2)
-        two ? score_block<2, 2>(a, Dk, qb, G, h0, terms, s, hook) : score_block<2, 1>(a, Dk, qb, G, h0, terms, s, hook);
+      if (tm2)
+        two ? score_block<2, 2>(ag, Dk, qb, G, h0, terms, s, hook) : score_block<2, 1>(ag, Dk, qb, G, h0, terms, s, hook);
       else
-        two ? score_block<1, 2>(a, Dk, qb, G, h0, terms, s, hook) : score_block<1, 1>(a, Dk, qb, G, h0, terms, s, hook);
+        two ? score_block<1, 2>(ag, Dk, qb, G, h0, terms, s, hook) : score_block<1, 1>(ag, Dk, qb, G, h0, terms, s, hook);
     }
   }
 }
@@ -246,27 +260,121 @@ inline void transpose16(__m512 (&r)[16]) {
   }
 }
 
+// r[h] = probabilities of head g0 + h over tokens i0 .. i0 + 15 from st [n x G] (S^T layout), zero past token n.
+inline void load_transposed(const float* st, int64_t n, int64_t G, int64_t i0, int64_t g0, __m512 (&r)[16]) {
+  for (int64_t i = 0; i < 16; ++i) r[i] = i0 + i < n ? _mm512_loadu_ps(st + (i0 + i) * G + g0) : _mm512_setzero_ps();
+  transpose16(r);
+}
+
+// x = hi + lo + (at most 2^-16 |x|), both terms bf16 (round to nearest even).
+inline void split(__m512 x, __m256i& hi, __m256i& lo) {
+  hi = (__m256i)_mm512_cvtneps_pbh(x);
+  const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));  // hi as fp32
+  lo = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, back));
+}
+
 // P [G x np] as hi + lo bf16 terms from the probabilities st [n x G] (S^T layout); columns n .. np are zero.
 inline void pack_p(const float* st, int64_t n, int64_t G, int64_t np, bf16* hi, bf16* lo) {
   for (int64_t g0 = 0; g0 < G; g0 += 16)
     for (int64_t i0 = 0; i0 < np; i0 += 16) {
       __m512 r[16];
-      for (int64_t i = 0; i < 16; ++i)
-        r[i] = i0 + i < n ? _mm512_loadu_ps(st + (i0 + i) * G + g0) : _mm512_setzero_ps();
-      transpose16(r);  // r[h]: head g0 + h over tokens i0 .. i0 + 15
+      load_transposed(st, n, G, i0, g0, r);
       for (int64_t h = 0; h < 16; ++h) {
-        const __m256bh x = _mm512_cvtneps_pbh(r[h]);
-        const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)x), 16));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + (g0 + h) * np + i0), (__m256i)x);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + (g0 + h) * np + i0),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(r[h], back)));
+        __m256i h16, l16;
+        split(r[h], h16, l16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + (g0 + h) * np + i0), h16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + (g0 + h) * np + i0), l16);
       }
     }
 }
 
+// Dwords of the A tiles pack_p_halves writes for G heads and n tokens: per head tile and group of 16 tokens, four
+// tiles of 16 heads x 16 dwords.
+inline int64_t p_halves_size(int64_t G, int64_t n) { return G / 16 * groups_of(n) * 4 * 256; }
+
+// P for pv_rows from the probabilities st [n x G] (S^T layout), zero past token n: per head tile and group of 16
+// tokens (tile ((h0 / 16) * groups + grp) * 4 + v), dword k of head row h holds the bf16 term of P[h][token k] in its
+// low half (v = 0: hi, 2: lo; against the even dims of a V row) or its high half (v = 1: hi, 3: lo; the odd dims),
+// the other half zero.
+inline void pack_p_halves(const float* st, int64_t n, int64_t G, uint32_t* pa) {
+  const int64_t groups = groups_of(n);
+  for (int64_t g0 = 0; g0 < G; g0 += 16)
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      __m512 r[16];
+      load_transposed(st, n, G, grp * kRows, g0, r);
+      uint32_t* t = pa + ((g0 / 16) * groups + grp) * 4 * 256;
+      for (int64_t h = 0; h < 16; ++h) {
+        __m256i h16, l16;
+        split(r[h], h16, l16);
+        const __m512i hi = _mm512_cvtepu16_epi32(h16), lo = _mm512_cvtepu16_epi32(l16);
+        _mm512_storeu_si512(t + h * 16, hi);
+        _mm512_storeu_si512(t + 256 + h * 16, _mm512_slli_epi32(hi, 16));
+        _mm512_storeu_si512(t + 512 + h * 16, lo);
+        _mm512_storeu_si512(t + 768 + h * 16, _mm512_slli_epi32(lo, 16));
+      }
+    }
+}
+
+// O rows of one head tile, NC chunks of 32 dims from column d0 (o's columns even / odd apart per chunk: C tiles
+// 2c, 2c + 1): load, add P.V over the groups of 16 tokens (B tiles: V rows in place, 32 dims; A tiles: pack_p_halves),
+// store.
+template <int NC>
+inline void pv_rows_block(const uint32_t* pa, int64_t groups, const ARows& v, int64_t Dv, int64_t d0, float* o) {
+  const int64_t ostride = Dv * static_cast<int64_t>(sizeof(float));
+  constexpr int64_t pstride = 16 * sizeof(uint32_t);
+  unrolled<2 * NC>([&](auto c) { load<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
+  for (int64_t g = 0; g < groups; ++g) {
+    unrolled<NC>([&](auto c) { load<6 + decltype(c)::value>(v.base[g] + d0 + decltype(c)::value * 32, v.stride[g]); });
+    const uint32_t* t = pa + g * 4 * 256;
+    for (int term = 0; term < 2; ++term) {  // hi, lo
+      load<4>(t + term * 512, pstride);        // P in the low halves: even dims
+      load<5>(t + term * 512 + 256, pstride);  // high halves: odd dims
+      unrolled<NC>([&](auto c) {
+        constexpr int C = decltype(c)::value;
+        dp<2 * C, 4, 6 + C>();
+        dp<2 * C + 1, 5, 6 + C>();
+      });
+    }
+  }
+  unrolled<2 * NC>([&](auto c) { store<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
+}
+
+// O [G x Dv] += P [G x n] * V with V's B tiles read from its rows v (a_rows, width >= Dv) and P from pack_p_halves; O's
+// columns even / odd apart per 32 (interleave_row). hook() runs after every 64 columns.
+template <typename Hook>
+inline void pv_rows(int64_t G, int64_t Dv, int64_t n, const uint32_t* pa, const ARows& v, float* o, Hook& hook) {
+  const int64_t groups = groups_of(n);
+  for (int64_t h0 = 0; h0 < G; h0 += 16) {
+    const uint32_t* ph = pa + (h0 / 16) * groups * 4 * 256;
+    float* oh = o + h0 * Dv;
+    int64_t d0 = 0;
+    for (; d0 + 64 <= Dv; d0 += 64) {
+      pv_rows_block<2>(ph, groups, v, Dv, d0, oh);
+      hook();
+    }
+    if (d0 < Dv) pv_rows_block<1>(ph, groups, v, Dv, d0, oh);  // Dv is a multiple of 32
+  }
+}
+
+// dst [Dv] = a row of pv_rows' O in the natural column order: dst[c * 32 + 2j + e] = src[c * 32 + e * 16 + j].
+inline void interleave_row(const float* src, int64_t Dv, float* dst) {
+  alignas(64) static const int32_t kLo[16] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+  const __m512i lo_idx = _mm512_load_si512(kLo);
+  const __m512i hi_idx = _mm512_add_epi32(lo_idx, _mm512_set1_epi32(8));
+  for (int64_t c = 0; c < Dv; c += 32) {
+    const __m512 even = _mm512_loadu_ps(src + c), odd = _mm512_loadu_ps(src + c + 16);
+    _mm512_storeu_ps(dst + c, _mm512_permutex2var_ps(even, lo_idx, odd));
+    _mm512_storeu_ps(dst + c + 16, _mm512_permutex2var_ps(even, hi_idx, odd));
+  }
+}
+
+// Elements of one column tile of pack_v's V: np / 2 pairs of rows, and one more line, so that the runs of successive
+// column tiles (which pack_v writes in step) start in different L1 sets (MLA, 64 tokens: 3.7 -> 2.9 us a tile).
+inline int64_t v_tile(int64_t np) { return np / 2 * 32 + 32; }
+
 // V [np x Dv] in pairs of token rows for the B tiles, each column tile of 16 its own contiguous run (a B tile's rows
 // 64 bytes apart, not Dv * 4, whose power-of-two stride lands a tile's rows in a few L1 sets):
-// vb[((d / 16) * np / 2 + r) * 32 + (d % 16) * 2 + e] = V[2r + e][d], rows n .. np zero.
+// vb[(d / 16) * v_tile(np) + r * 32 + (d % 16) * 2 + e] = V[2r + e][d], rows n .. np zero.
 template <typename Rows>
 inline void pack_v(const Rows& rows, int64_t n, int64_t np, int64_t Dv, bf16* vb) {
   alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
@@ -277,7 +385,7 @@ inline void pack_v(const Rows& rows, int64_t n, int64_t np, int64_t Dv, bf16* vb
     const bf16* a = 2 * r < n ? rows(2 * r) : nullptr;
     const bf16* b = 2 * r + 1 < n ? rows(2 * r + 1) : nullptr;
     bf16* dst = vb + r * 32;
-    const int64_t tile = np / 2 * 32;  // elements of one column tile
+    const int64_t tile = v_tile(np);
     for (int64_t d = 0; d < Dv; d += 32) {
       const __m512i x = a ? _mm512_loadu_si512(a + d) : _mm512_setzero_si512();
       const __m512i y = b ? _mm512_loadu_si512(b + d) : _mm512_setzero_si512();
@@ -299,7 +407,7 @@ inline void pv_block(const bf16* hi, const bf16* lo, int64_t np, const bf16* vb,
     load<5>(lo + k, pstride);
     unrolled<ND>([&](auto d) {
       constexpr int D = decltype(d)::value, bt = 6 + (D & 1);
-      load<bt>(vb + (((d0 / 16 + D) * np + k) / 2) * 32, vstride);
+      load<bt>(vb + (d0 / 16 + D) * v_tile(np) + k / 2 * 32, vstride);
       dp<D, 4, bt>();
       dp<D, 5, bt>();
     });

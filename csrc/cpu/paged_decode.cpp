@@ -224,8 +224,9 @@ void paged_decode_impl(const PagedDecodeParams& p) {
               "(arch_prctl ARCH_REQ_XCOMP_PERM); rebuild with DCP_OPS_CPU_ISA=avx512bf16");
   const int qterms = p.q_exact_bf16 ? 1 : 3;
   const int64_t Ga = amx ? amx::padded_heads(G) : G;
+  const bool v_rows = amx && Ga <= amx::kRowsVMaxHeads;  // P.V by pv_rows: O's columns even / odd apart per 32
 #else
-  constexpr bool amx = false;
+  constexpr bool amx = false, v_rows = false;
   const int64_t Ga = G;
 #endif
   const int64_t Hqa = p.Hkv * Ga;
@@ -297,11 +298,14 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     std::unique_ptr<float[]> kf(convert ? new float[kTileMax * p.Dk] : nullptr),
         vf(convert && !v_in_k ? new float[kTileMax * p.Dv] : nullptr);
 #if defined(DCP_OPS_AMX)
-    // AMX: the tile configuration for this thread, copies of unevenly strided K rows, V in pairs of rows, P terms
+    // AMX: the tile configuration for this thread, copies of unevenly strided K rows, V for P.V
     std::optional<amx::TileScope> tiles;
     if (amx) tiles.emplace();
+    // (pack_v's V, or copies of V rows for pv_rows), P's terms (pack_p's, or pack_p_halves' dwords)
     std::unique_ptr<amx::bf16[]> kbuf(amx ? new amx::bf16[kTileMax * p.Dk] : nullptr),
-        vbuf(amx ? new amx::bf16[kTileMax * p.Dv] : nullptr), pbuf(amx ? new amx::bf16[2 * Ga * kTileMax] : nullptr);
+        vbuf(amx ? new amx::bf16[p.Dv / 16 * amx::v_tile(kTileMax)] : nullptr);
+    std::unique_ptr<uint32_t[]> pbuf(amx ? new uint32_t[std::max(Ga * kTileMax, amx::p_halves_size(Ga, kTileMax))]
+                                         : nullptr);
 #endif
     for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
@@ -361,14 +365,21 @@ void paged_decode_impl(const PagedDecodeParams& p) {
               auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
               auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
               float* oa = o + kvh * Ga * p.Dv;
-              amx::scores(n, Ga, p.Dk, krow, p.k_st, qb.get() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(),
-                          kbuf.get(), pf);
+              const amx::ARows ka = amx::a_rows(krow, n, p.Dk, p.k_st, kbuf.get());
+              amx::scores(n, Ga, p.Dk, ka, qb.get() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
               if (p.q_exact_bf16) scale_scores(st.data(), n * Ga, p.q_mult);
               softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, oa, p.Dv, alpha.data());
-              const int64_t np = amx::padded(n);
-              amx::pack_p(st.data(), n, Ga, np, pbuf.get(), pbuf.get() + Ga * np);
-              amx::pack_v(vrow, n, np, p.Dv, vbuf.get());
-              amx::pv(Ga, p.Dv, np, pbuf.get(), pbuf.get() + Ga * np, vbuf.get(), oa, pf);
+              if (v_rows) {  // V's rows are K's (their first Dv elements) or their own
+                const amx::ARows va = v_in_k ? ka : amx::a_rows(vrow, n, p.Dv, p.v_st, vbuf.get());
+                amx::pack_p_halves(st.data(), n, Ga, pbuf.get());
+                amx::pv_rows(Ga, p.Dv, n, pbuf.get(), va, oa, pf);
+              } else {
+                const int64_t np = amx::padded(n);
+                auto* hi = reinterpret_cast<amx::bf16*>(pbuf.get());
+                amx::pack_p(st.data(), n, Ga, np, hi, hi + Ga * np);
+                amx::pack_v(vrow, n, np, p.Dv, vbuf.get());
+                amx::pv(Ga, p.Dv, np, hi, hi + Ga * np, vbuf.get(), oa, pf);
+              }
               continue;
             }
           }
@@ -417,7 +428,13 @@ void paged_decode_impl(const PagedDecodeParams& p) {
         pf.finish();
       }
       for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {  // the first G of each KV head's Ga heads
-        std::copy(o + kvh * Ga * p.Dv, o + (kvh * Ga + G) * p.Dv, part_o.get() + (item * p.Hq + kvh * G) * p.Dv);
+        float* dst = part_o.get() + (item * p.Hq + kvh * G) * p.Dv;
+#if defined(DCP_OPS_AMX)
+        if (v_rows)
+          for (int64_t g = 0; g < G; ++g) amx::interleave_row(o + (kvh * Ga + g) * p.Dv, p.Dv, dst + g * p.Dv);
+        else
+#endif
+          std::copy(o + kvh * Ga * p.Dv, o + (kvh * Ga + G) * p.Dv, dst);
         std::copy(m + kvh * Ga, m + kvh * Ga + G, part_m.get() + item * p.Hq + kvh * G);
         std::copy(l + kvh * Ga, l + kvh * Ga + G, part_l.get() + item * p.Hq + kvh * G);
       }
