@@ -20,6 +20,7 @@
 #include "checks.h"
 #include "cpu/amx.h"
 #include "cpu/gemm.h"
+#include "cpu/line_vector.h"
 
 namespace dcp_ops::cpu {
 
@@ -275,20 +276,22 @@ void paged_decode_impl(const PagedDecodeParams& p) {
 #if defined(DCP_OPS_AMX)
   // Q^T of every (token, KV head) packed for the score tiles once, before the items (which share it by token).
   const int64_t qb_size = qterms * amx::q_size(Ga, p.Dk);
-  std::unique_ptr<amx::bf16[]> qb(amx ? new amx::bf16[p.T * p.Hkv * qb_size] : nullptr);
+  LineVector<amx::bf16> qb(amx ? p.T * p.Hkv * qb_size : 0);
   if (amx)
     at::parallel_for(0, p.T * p.Hkv, 1, [&](int64_t begin, int64_t end) {
       for (int64_t th = begin; th < end; ++th) {
         const int64_t t = th / p.Hkv, kvh = th % p.Hkv;
         amx::pack_q(G, Ga, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh,
-                    p.q_exact_bf16 ? 1.f / p.q_mult : 1.f, qterms, qb.get() + th * qb_size);
+                    p.q_exact_bf16 ? 1.f / p.q_mult : 1.f, qterms, qb.data() + th * qb_size);
       }
     });
 #endif
 
   at::parallel_for(0, std::min(threads, items), 1, [&](int64_t, int64_t) {
-    // Running state lives in this thread's buffers (items of other threads share cache lines in part_*).
-    std::vector<float> st(kTileMax * Ga), qt(p.Hkv * qpack), alpha(Ga), acc_o(Hqa * p.Dv), acc_m(Hqa), acc_l(Hqa);
+    // Running state lives in this thread's buffers (items of other threads share cache lines in part_*); st, acc_o and
+    // the AMX buffers start on cache lines, as AMX tiles load and store them (line_vector.h).
+    LineVector<float> st(kTileMax * Ga), acc_o(Hqa * p.Dv);
+    std::vector<float> qt(p.Hkv * qpack), alpha(Ga), acc_m(Hqa), acc_l(Hqa);
     // Row pointers (token entries) of this tile and of the next one, which is being prefetched.
     std::vector<const scalar_t*> krows(kTileMax), vrows(kTileMax), next_krows(kTileMax), next_vrows(kTileMax);
     TilePrefetcher pf;
@@ -302,10 +305,8 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     std::optional<amx::TileScope> tiles;
     if (amx) tiles.emplace();
     // (pack_v's V, or copies of V rows for pv_rows), P's terms (pack_p's, or pack_p_halves' dwords)
-    std::unique_ptr<amx::bf16[]> kbuf(amx ? new amx::bf16[kTileMax * p.Dk] : nullptr),
-        vbuf(amx ? new amx::bf16[p.Dv / 16 * amx::v_tile(kTileMax)] : nullptr);
-    std::unique_ptr<uint32_t[]> pbuf(amx ? new uint32_t[std::max(Ga * kTileMax, amx::p_halves_size(Ga, kTileMax))]
-                                         : nullptr);
+    LineVector<amx::bf16> kbuf(amx ? kTileMax * p.Dk : 0), vbuf(amx ? p.Dv / 16 * amx::v_tile(kTileMax) : 0);
+    LineVector<uint32_t> pbuf(amx ? std::max(Ga * kTileMax, amx::p_halves_size(Ga, kTileMax)) : 0);
 #endif
     for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
@@ -365,20 +366,20 @@ void paged_decode_impl(const PagedDecodeParams& p) {
               auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
               auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
               float* oa = o + kvh * Ga * p.Dv;
-              const amx::ARows ka = amx::a_rows(krow, n, p.Dk, p.k_st, kbuf.get());
-              amx::scores(n, Ga, p.Dk, ka, qb.get() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
+              const amx::ARows ka = amx::a_rows(krow, n, p.Dk, p.k_st, kbuf.data());
+              amx::scores(n, Ga, p.Dk, ka, qb.data() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
               if (p.q_exact_bf16) scale_scores(st.data(), n * Ga, p.q_mult);
               softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, oa, p.Dv, alpha.data());
               if (v_rows) {  // V's rows are K's (their first Dv elements) or their own
-                const amx::ARows va = v_in_k ? ka : amx::a_rows(vrow, n, p.Dv, p.v_st, vbuf.get());
-                amx::pack_p_halves(st.data(), n, Ga, pbuf.get());
-                amx::pv_rows(Ga, p.Dv, n, pbuf.get(), va, oa, pf);
+                const amx::ARows va = v_in_k ? ka : amx::a_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
+                amx::pack_p_halves(st.data(), n, Ga, pbuf.data());
+                amx::pv_rows(Ga, p.Dv, n, pbuf.data(), va, oa, pf);
               } else {
                 const int64_t np = amx::padded(n);
-                auto* hi = reinterpret_cast<amx::bf16*>(pbuf.get());
+                auto* hi = reinterpret_cast<amx::bf16*>(pbuf.data());
                 amx::pack_p(st.data(), n, Ga, np, hi, hi + Ga * np);
-                amx::pack_v(vrow, n, np, p.Dv, vbuf.get());
-                amx::pv(Ga, p.Dv, np, hi, hi + Ga * np, vbuf.get(), oa, pf);
+                amx::pack_v(vrow, n, np, p.Dv, vbuf.data());
+                amx::pv(Ga, p.Dv, np, hi, hi + Ga * np, vbuf.data(), oa, pf);
               }
               continue;
             }
