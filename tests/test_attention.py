@@ -254,7 +254,8 @@ def test_bf16_queries_on_a_bf16_cache_with_whole_vectors_of_heads(heads, dims, h
     assert_lse_matches(lse, r_lse, "lse")
 
 
-@pytest.mark.parametrize("case", ["gqa8_d128", "gqa12_d64", "gqa24_d256", "mla16", "mla32_w_uk", "mla128_w_uk_uv"])
+@pytest.mark.parametrize("case", ["gqa8_d128", "gqa12_d64", "gqa24_d256", "mla16", "mla16_w_uk", "mla32_w_uk",
+                                  "mla128_w_uk_uv"])
 @pytest.mark.parametrize("block_size", [1, 16, 48, 64])
 def test_bf16_cache_on_tile_kernels(case, block_size):
     """A bf16 cache with 8 or more heads per KV head and row widths that are multiples of 32: in builds for the amx

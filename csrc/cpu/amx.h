@@ -101,7 +101,8 @@ DCP_AMX_TILE(7)
 #undef DCP_AMX_TILE
 #define DCP_AMX_DP(C, A, B) \
   template <> inline void dp<C, A, B>() { asm volatile("tdpbf16ps %%tmm" #B ", %%tmm" #A ", %%tmm" #C ::); }
-#define DCP_AMX_DP_C(C) DCP_AMX_DP(C, 4, 6) DCP_AMX_DP(C, 4, 7) DCP_AMX_DP(C, 5, 6) DCP_AMX_DP(C, 5, 7)
+#define DCP_AMX_DP_C(C) \
+  DCP_AMX_DP(C, 4, 5) DCP_AMX_DP(C, 4, 6) DCP_AMX_DP(C, 4, 7) DCP_AMX_DP(C, 5, 6) DCP_AMX_DP(C, 5, 7)
 DCP_AMX_DP_C(0)
 DCP_AMX_DP_C(1)
 DCP_AMX_DP_C(2)
@@ -205,12 +206,49 @@ inline void score_block(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, i
   });
 }
 
+// score_block<TM, 1> for a query of three bf16 terms: the three B tiles of Q^T stay in tmm5-7 over each chunk of K,
+// so that each A tile of K is loaded once per chunk rather than once per term (one thread, 64 tokens, MLA 16 heads,
+// rows in L2: 1.8 -> 1.5 us).
+template <int TM, typename Hook>
+inline void score_block3(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, float* st, Hook& hook) {
+  static_assert(TM <= 4, "four accumulator tiles");
+  unrolled<TM>([&](auto c) { zero<decltype(c)::value>(); });
+  const int64_t qstride = G * 2 * static_cast<int64_t>(sizeof(bf16));
+  for (int64_t k = 0; k < Dk; k += kPair) {
+    const bf16* qk = qb + (k / 2) * G * 2;
+    load<5>(qk, qstride);
+    load<6>(qk + Dk * G, qstride);
+    load<7>(qk + 2 * Dk * G, qstride);
+    unrolled<TM>([&](auto m) {
+      constexpr int M = decltype(m)::value;
+      load<4>(a.base[M] + k, a.stride[M]);
+      dp<M, 4, 5>();
+      dp<M, 4, 6>();
+      dp<M, 4, 7>();
+    });
+    hook();
+  }
+  unrolled<TM>([&](auto m) {
+    constexpr int M = decltype(m)::value;
+    store<M>(st + (M * kRows) * G, G * static_cast<int64_t>(sizeof(float)));
+  });
+}
+
 // st[i * G + h] = K_i . Q_h for i < round_up(n, 16) (rows past n score zero rows), h < G, over every bf16 term of Q;
 // a: the tile's K rows (a_rows). hook() runs after every 32-wide chunk of K (prefetches of the next tile).
 template <typename Hook>
 inline void scores(int64_t n, int64_t G, int64_t Dk, const ARows& a, const bf16* qb, int terms, float* st,
                    Hook& hook) {
   const int64_t groups = groups_of(n);
+  if (G == 16 && terms == 3) {
+    switch (groups) {
+      case 1: score_block3<1>(a, Dk, qb, G, st, hook); break;
+      case 2: score_block3<2>(a, Dk, qb, G, st, hook); break;
+      case 3: score_block3<3>(a, Dk, qb, G, st, hook); break;
+      default: score_block3<4>(a, Dk, qb, G, st, hook); break;
+    }
+    return;
+  }
   if (G == 16) {  // one head tile: every token group (at most 4) against it
     switch (groups) {
       case 1: score_block<1, 1>(a, Dk, qb, G, 0, terms, st, hook); break;
