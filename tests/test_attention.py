@@ -254,6 +254,39 @@ def test_bf16_queries_on_a_bf16_cache_with_whole_vectors_of_heads(heads, dims, h
     assert_lse_matches(lse, r_lse, "lse")
 
 
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", ["gqa", "mla"])
+def test_nonfinite_value_stays_in_its_dims(case, dt):
+    """An inf or NaN in a valid slot's V element makes that dim's output non-finite and no other, as in the reference:
+    the tile kernels' P.V on V's cache rows (bf16 caches, amx builds) multiplies a zero half of each P pair by the
+    neighbouring dim, so it must not turn a finite output NaN (0 x inf). Finite outputs stay within the tolerances."""
+    gen = torch.Generator().manual_seed(11)
+    lens = [200, 64]
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    if case == "gqa":
+        k, table = paged_cache(lens, 16, (2, 128), dt, gen)
+        v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dt, gen=gen))
+        v[table[0, 3].long(), 5, 0, 9] = float("inf")  # sequence 0, token 53, KV head 0, dim 9
+        v[table[1, 1].long(), 2, 1, 40] = float("nan")  # sequence 1, token 18, KV head 1, dim 40
+        args = (randn(2, 16, 128, dtype=dt, gen=gen), k, v, table, seq_lens, 128 ** -0.5)
+        out, lse = dcp_ops.gqa_decode_partial(*args)
+        r_out, r_lse = ref.gqa_decode_partial(*args)
+    else:
+        kv, table = paged_cache(lens, 64, (576,), dt, gen)
+        kv[table[0, 1].long(), 7, 33] = float("-inf")  # sequence 0, token 71: latent dim 33 (in V and K)
+        args = (randn(2, 16, 512, dtype=dt, gen=gen), randn(2, 16, 64, dtype=dt, gen=gen), kv, table, seq_lens,
+                192 ** -0.5)
+        out, lse = dcp_ops.mla_decode_partial(*args)
+        r_out, r_lse = ref.mla_decode_partial(*args)
+    bad = ~torch.isfinite(r_out)
+    assert bad.any() and not bad.all()
+    assert torch.equal(~torch.isfinite(out), bad)
+    assert_matches(out[~bad], r_out[~bad], dt, "finite out")
+    fine = torch.isfinite(r_lse)
+    assert torch.equal(torch.isfinite(lse), fine)
+    assert_lse_matches(lse[fine], r_lse[fine], "finite lse")
+
+
 @pytest.mark.parametrize("case", ["gqa8_d128", "gqa12_d64", "gqa16_d96", "gqa24_d256", "mla16", "mla16_w_uk",
                                   "mla32_w_uk", "mla128_w_uk_uv"])
 @pytest.mark.parametrize("block_size", [1, 16, 48, 64])

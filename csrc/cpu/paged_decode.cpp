@@ -158,6 +158,22 @@ void scale_scores(float* x, int64_t n, float mult) {
   if (i < n) (fVec::loadu(x + i, n - i) * mv).store(x + i, n - i);
 }
 
+// Whether x[0 .. n) are all finite: x - x is 0 for a finite x and NaN for an inf or a NaN, and a NaN survives the sum.
+bool all_finite(const float* x, int64_t n) {
+  fVec acc(0.f);
+  int64_t i = 0;
+  for (; i + kVL <= n; i += kVL) {
+    const fVec v = fVec::loadu(x + i);
+    acc = acc + (v - v);
+  }
+  float total = 0.f;
+  for (; i < n; ++i) total += x[i] - x[i];
+  alignas(64) float lanes[kVL];
+  acc.store(lanes);
+  for (float f : lanes) total += f;
+  return total == 0.f;
+}
+
 // Rows g of o [G x Dv] times alpha[g] (the running outputs brought to a new running max).
 void rescale_rows(float* o, int64_t G, int64_t Dv, const float* alpha) {
   for (int64_t g = 0; g < G; ++g) {
@@ -342,122 +358,132 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       float* o = acc_o.data();
       float* m = acc_m.data();
       float* l = acc_l.data();
-      std::fill(o, o + Hqa * p.Dv, 0.f);
-      std::fill(m, m + Hqa, kNegInf);
-      std::fill(l, l + Hqa, 0.f);
-      if (j0 < j1 && !amx) {
-        if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
-          const float inv = 1.f / p.q_mult;
-          if (dp8) std::fill(qp.begin(), qp.end(), c10::BFloat16(0.f));
-          for (int64_t h = 0; h < p.Hq; ++h)
-            for (int64_t d = 0; d < (p.Dk + 1) / 2 * 2; ++d)
-              qp[(h / G) * qpairs + ((d / 2) * qheads + h % G) * 2 + d % 2] =
-                  d < p.Dk ? c10::BFloat16(p.q[t * p.q_st + h * p.q_sh + d] * inv) : c10::BFloat16(0.f);
-        } else if (nt) {  // Q per KV head packed for gemm_nt
-          for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
-            pack_nt(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, qt.data() + kvh * qpack);
-        } else {  // Q^T per KV head [Dk x G]: S^T = K Q^T puts the heads along the vector
-          for (int64_t h = 0; h < p.Hq; ++h)
-            for (int64_t d = 0; d < p.Dk; ++d)
-              qt[((h / G) * p.Dk + d) * G + h % G] = p.q[t * p.q_st + h * p.q_sh + d];
+      // The item's tiles, P.V on V's cache rows in place (pv_rows) or on V packed (pack_v, pv).
+      auto run = [&](bool rows_v) {
+        std::fill(o, o + Hqa * p.Dv, 0.f);
+        std::fill(m, m + Hqa, kNegInf);
+        std::fill(l, l + Hqa, 0.f);
+        if (j0 < j1 && !amx) {
+          if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
+            const float inv = 1.f / p.q_mult;
+            if (dp8) std::fill(qp.begin(), qp.end(), c10::BFloat16(0.f));
+            for (int64_t h = 0; h < p.Hq; ++h)
+              for (int64_t d = 0; d < (p.Dk + 1) / 2 * 2; ++d)
+                qp[(h / G) * qpairs + ((d / 2) * qheads + h % G) * 2 + d % 2] =
+                    d < p.Dk ? c10::BFloat16(p.q[t * p.q_st + h * p.q_sh + d] * inv) : c10::BFloat16(0.f);
+          } else if (nt) {  // Q per KV head packed for gemm_nt
+            for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
+              pack_nt(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, qt.data() + kvh * qpack);
+          } else {  // Q^T per KV head [Dk x G]: S^T = K Q^T puts the heads along the vector
+            for (int64_t h = 0; h < p.Hq; ++h)
+              for (int64_t d = 0; d < p.Dk; ++d)
+                qt[((h / G) * p.Dk + d) * G + h % G] = p.q[t * p.q_st + h * p.q_sh + d];
+          }
         }
-      }
-      const int32_t* row = p.block_table + t * p.bt_stride;
-      // Row pointers of tokens j .. j + n - 1 (block and offset stepped, not divided, per token).
-      auto fill_rows = [&](int64_t j, int64_t n, const scalar_t** kr, const scalar_t** vr) {
-        int64_t b = j / p.block_size, off = j % p.block_size;
-        for (int64_t i = 0; i < n; ++i) {
-          kr[i] = kc + row[b] * p.k_sb + off * p.k_st;
-          vr[i] = vc + row[b] * p.v_sb + off * p.v_st;
-          if (++off == p.block_size) off = 0, ++b;
+        const int32_t* row = p.block_table + t * p.bt_stride;
+        // Row pointers of tokens j .. j + n - 1 (block and offset stepped, not divided, per token).
+        auto fill_rows = [&](int64_t j, int64_t n, const scalar_t** kr, const scalar_t** vr) {
+          int64_t b = j / p.block_size, off = j % p.block_size;
+          for (int64_t i = 0; i < n; ++i) {
+            kr[i] = kc + row[b] * p.k_sb + off * p.k_st;
+            vr[i] = vc + row[b] * p.v_sb + off * p.v_st;
+            if (++off == p.block_size) off = 0, ++b;
+          }
+        };
+        if (j0 < j1) fill_rows(j0, std::min(kTile, j1 - j0), next_krows.data(), next_vrows.data());
+        for (int64_t j = j0; j < j1; j += kTile) {
+          const int64_t n = std::min(kTile, j1 - j), n_next = std::clamp<int64_t>(j1 - j - n, 0, kTile);
+          krows.swap(next_krows);  // this tile's rows were filled (and prefetched) as the previous tile's next
+          vrows.swap(next_vrows);
+          fill_rows(j + n, n_next, next_krows.data(), next_vrows.data());
+          pf.start(reinterpret_cast<const char* const*>(next_krows.data()),
+                   v_in_k ? nullptr : reinterpret_cast<const char* const*>(next_vrows.data()), n_next, kbytes,
+                   vbytes);
+          for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {
+            const RowPtrs<scalar_t> k{krows.data(), kvh * p.k_sh};
+            const RowPtrs<scalar_t> v{vrows.data(), kvh * p.v_sh};
+            float* oh = o + kvh * G * p.Dv;
+            const Strided<float> pt{st.data(), 1, G};  // P = st^T, read in place
+  #if defined(DCP_OPS_AMX)
+            if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+              if (amx) {
+                auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
+                auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
+                float* oa = o + kvh * Ga * p.Dv;
+                const amx::ARows ka = amx::a_rows(krow, n, p.Dk, p.k_st, kbuf.data());
+                amx::scores(n, Ga, p.Dk, ka, qb.data() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
+                if (p.q_exact_bf16) scale_scores(st.data(), n * Ga, p.q_mult);
+                softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, oa, p.Dv, alpha.data());
+                if (rows_v) {  // V's rows are K's (their first Dv elements) or their own
+                  const amx::ARows va = v_in_k ? ka : amx::a_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
+                  amx::pack_p_halves(st.data(), n, Ga, pbuf.data());
+                  amx::pv_rows(Ga, p.Dv, n, pbuf.data(), va, oa, pf);
+                } else {
+                  const int64_t np = amx::padded(n);
+                  auto* hi = reinterpret_cast<amx::bf16*>(pbuf.data());
+                  amx::pack_p(st.data(), n, Ga, np, hi, hi + Ga * np);
+                  amx::pack_v(vrow, n, np, p.Dv, vbuf.data());
+                  amx::pv(Ga, p.Dv, np, hi, hi + Ga * np, vbuf.data(), oa, pf);
+                }
+                continue;
+              }
+            }
+  #endif
+            if (dp8) {
+  #if defined(DCP_OPS_AVX512_BF16)
+              if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
+                gemm_dp8(n, p.Dk, k, qp.data() + kvh * qpairs, st.data(), G, G, pf);
+  #endif
+              scale_scores(st.data(), n * G, p.q_mult);
+            } else if (nt) {
+              gemm_nt(n, G, p.Dk, k, qt.data() + kvh * qpack, st.data(), G, pf);
+            } else {
+              std::fill(st.begin(), st.begin() + n * G, 0.f);
+              const Strided<float> qh{qt.data() + kvh * p.Dk * G, G, 1};
+              if (dp) {
+  #if defined(DCP_OPS_AVX512_BF16)
+                if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
+                  gemm_dp(n, G, p.Dk, k, qp.data() + kvh * qpairs, G, st.data(), G, pf);
+  #endif
+                scale_scores(st.data(), n * G, p.q_mult);
+                if (v_in_k)  // P.V reads the fp32 copy of V, K's first Dv elements (a separate V is converted below)
+                  for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dv, kf.get() + i * p.Dk);
+              } else if (convert) {
+                for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dk, kf.get() + i * p.Dk);
+                gemm_acc(n, G, p.Dk, Strided<float>{kf.get(), p.Dk, 1}, qh, st.data(), G, pf);
+              } else {
+                gemm_acc(n, G, p.Dk, k, qh, st.data(), G, pf);
+              }
+            }
+  #if defined(CPU_CAPABILITY_AVX512)
+            if (G <= 8)
+              softmax_update8(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
+            else
+  #endif
+              softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
+            if (convert && v_in_k) {
+              gemm_acc(G, p.Dv, n, pt, Strided<float>{kf.get(), p.Dk, 1}, oh, p.Dv, pf);
+            } else if (convert) {
+              for (int64_t i = 0; i < n; ++i) convert_row(v.row(i), p.Dv, vf.get() + i * p.Dv);
+              gemm_acc(G, p.Dv, n, pt, Strided<float>{vf.get(), p.Dv, 1}, oh, p.Dv, pf);
+            } else {
+              gemm_acc(G, p.Dv, n, pt, v, oh, p.Dv, pf);
+            }
+          }
+          pf.finish();
         }
       };
-      if (j0 < j1) fill_rows(j0, std::min(kTile, j1 - j0), next_krows.data(), next_vrows.data());
-      for (int64_t j = j0; j < j1; j += kTile) {
-        const int64_t n = std::min(kTile, j1 - j), n_next = std::clamp<int64_t>(j1 - j - n, 0, kTile);
-        krows.swap(next_krows);  // this tile's rows were filled (and prefetched) as the previous tile's next
-        vrows.swap(next_vrows);
-        fill_rows(j + n, n_next, next_krows.data(), next_vrows.data());
-        pf.start(reinterpret_cast<const char* const*>(next_krows.data()),
-                 v_in_k ? nullptr : reinterpret_cast<const char* const*>(next_vrows.data()), n_next, kbytes,
-                 vbytes);
-        for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {
-          const RowPtrs<scalar_t> k{krows.data(), kvh * p.k_sh};
-          const RowPtrs<scalar_t> v{vrows.data(), kvh * p.v_sh};
-          float* oh = o + kvh * G * p.Dv;
-          const Strided<float> pt{st.data(), 1, G};  // P = st^T, read in place
-#if defined(DCP_OPS_AMX)
-          if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-            if (amx) {
-              auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
-              auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
-              float* oa = o + kvh * Ga * p.Dv;
-              const amx::ARows ka = amx::a_rows(krow, n, p.Dk, p.k_st, kbuf.data());
-              amx::scores(n, Ga, p.Dk, ka, qb.data() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
-              if (p.q_exact_bf16) scale_scores(st.data(), n * Ga, p.q_mult);
-              softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, oa, p.Dv, alpha.data());
-              if (v_rows) {  // V's rows are K's (their first Dv elements) or their own
-                const amx::ARows va = v_in_k ? ka : amx::a_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
-                amx::pack_p_halves(st.data(), n, Ga, pbuf.data());
-                amx::pv_rows(Ga, p.Dv, n, pbuf.data(), va, oa, pf);
-              } else {
-                const int64_t np = amx::padded(n);
-                auto* hi = reinterpret_cast<amx::bf16*>(pbuf.data());
-                amx::pack_p(st.data(), n, Ga, np, hi, hi + Ga * np);
-                amx::pack_v(vrow, n, np, p.Dv, vbuf.data());
-                amx::pv(Ga, p.Dv, np, hi, hi + Ga * np, vbuf.data(), oa, pf);
-              }
-              continue;
-            }
-          }
-#endif
-          if (dp8) {
-#if defined(DCP_OPS_AVX512_BF16)
-            if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
-              gemm_dp8(n, p.Dk, k, qp.data() + kvh * qpairs, st.data(), G, G, pf);
-#endif
-            scale_scores(st.data(), n * G, p.q_mult);
-          } else if (nt) {
-            gemm_nt(n, G, p.Dk, k, qt.data() + kvh * qpack, st.data(), G, pf);
-          } else {
-            std::fill(st.begin(), st.begin() + n * G, 0.f);
-            const Strided<float> qh{qt.data() + kvh * p.Dk * G, G, 1};
-            if (dp) {
-#if defined(DCP_OPS_AVX512_BF16)
-              if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
-                gemm_dp(n, G, p.Dk, k, qp.data() + kvh * qpairs, G, st.data(), G, pf);
-#endif
-              scale_scores(st.data(), n * G, p.q_mult);
-              if (v_in_k)  // P.V reads the fp32 copy of V, K's first Dv elements (a separate V is converted below)
-                for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dv, kf.get() + i * p.Dk);
-            } else if (convert) {
-              for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dk, kf.get() + i * p.Dk);
-              gemm_acc(n, G, p.Dk, Strided<float>{kf.get(), p.Dk, 1}, qh, st.data(), G, pf);
-            } else {
-              gemm_acc(n, G, p.Dk, k, qh, st.data(), G, pf);
-            }
-          }
-#if defined(CPU_CAPABILITY_AVX512)
-          if (G <= 8)
-            softmax_update8(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
-          else
-#endif
-            softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
-          if (convert && v_in_k) {
-            gemm_acc(G, p.Dv, n, pt, Strided<float>{kf.get(), p.Dk, 1}, oh, p.Dv, pf);
-          } else if (convert) {
-            for (int64_t i = 0; i < n; ++i) convert_row(v.row(i), p.Dv, vf.get() + i * p.Dv);
-            gemm_acc(G, p.Dv, n, pt, Strided<float>{vf.get(), p.Dv, 1}, oh, p.Dv, pf);
-          } else {
-            gemm_acc(G, p.Dv, n, pt, v, oh, p.Dv, pf);
-          }
-        }
-        pf.finish();
-      }
+      // P.V on V's cache rows puts the zero half of each P dword against a real V element, so a non-finite V element
+      // in a valid slot (0 x inf = NaN) would also turn its neighbouring dim's output NaN where the reference gives a
+      // number. An item with any non-finite output is therefore recomputed with V packed, whose products keep the
+      // dims apart; finite caches never take this second pass.
+      bool rows_v = v_rows;
+      run(rows_v);
+      if (rows_v && !all_finite(o, Hqa * p.Dv)) run(rows_v = false);
       for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {  // the first G of each KV head's Ga heads
         float* dst = part_o.get() + (item * p.Hq + kvh * G) * p.Dv;
 #if defined(DCP_OPS_AMX)
-        if (v_rows)
+        if (rows_v)
           for (int64_t g = 0; g < G; ++g) amx::interleave_row(o + (kvh * Ga + g) * p.Dv, p.Dv, dst + g * p.Dv);
         else
 #endif
