@@ -255,11 +255,12 @@ def test_bf16_queries_on_a_bf16_cache_with_whole_vectors_of_heads(heads, dims, h
 
 
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("case", ["gqa", "mla"])
+@pytest.mark.parametrize("case", ["gqa", "mla", "mla_w_uk"])
 def test_nonfinite_value_stays_in_its_dims(case, dt):
-    """An inf or NaN in a valid slot's V element makes that dim's output non-finite and no other, as in the reference:
-    the tile kernels' P.V on V's cache rows (bf16 caches, amx builds) multiplies a zero half of each P pair by the
-    neighbouring dim, so it must not turn a finite output NaN (0 x inf). Finite outputs stay within the tolerances."""
+    """An inf or NaN in a valid slot leaves the reference's non-finite outputs and no others. The tile kernels (bf16
+    caches, amx builds) must not add any: P.V on V's cache rows multiplies a zero half of each P pair by the
+    neighbouring dim (0 x inf), and a query split into bf16 terms multiplies zero or opposite-signed terms by a K
+    element (q x inf must stay +-inf, a score of -inf a weight of 0). Finite outputs stay within the tolerances."""
     gen = torch.Generator().manual_seed(11)
     lens = [200, 64]
     seq_lens = torch.tensor(lens, dtype=torch.int32)
@@ -274,8 +275,10 @@ def test_nonfinite_value_stays_in_its_dims(case, dt):
     else:
         kv, table = paged_cache(lens, 64, (576,), dt, gen)
         kv[table[0, 1].long(), 7, 33] = float("-inf")  # sequence 0, token 71: latent dim 33 (in V and K)
-        args = (randn(2, 16, 512, dtype=dt, gen=gen), randn(2, 16, 64, dtype=dt, gen=gen), kv, table, seq_lens,
-                192 ** -0.5)
+        kv[table[1, 0].long(), 9, 540] = float("inf")  # sequence 1, token 9: rope dim 540 (in K only)
+        w_uk = randn(16, 128, 512, dtype=dt, gen=gen, scale=128 ** -0.5) if case == "mla_w_uk" else None
+        q_nope = randn(2, 16, 128 if w_uk is not None else 512, dtype=dt, gen=gen)
+        args = (q_nope, randn(2, 16, 64, dtype=dt, gen=gen), kv, table, seq_lens, 192 ** -0.5, w_uk)
         out, lse = dcp_ops.mla_decode_partial(*args)
         r_out, r_lse = ref.mla_decode_partial(*args)
     bad = ~torch.isfinite(r_out)

@@ -174,6 +174,20 @@ bool all_finite(const float* x, int64_t n) {
   return total == 0.f;
 }
 
+// st[i * Ga + g] = K_i . q_g in fp32 FMAs for i < n (0 for the padded heads g >= G): the AMX scores of a tile whose K
+// holds an inf or NaN in a valid slot, for a query split into three bf16 terms, whose zero or opposite-signed terms
+// would make q x inf a NaN where the reference has +-inf.
+template <typename Rows>
+void exact_scores(int64_t n, int64_t G, int64_t Ga, int64_t Dk, const Rows& rows, const float* q, int64_t q_sh,
+                  float* st) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t g = 0; g < Ga; ++g) {
+      float s = 0.f;
+      for (int64_t d = 0; g < G && d < Dk; ++d) s = std::fma(q[g * q_sh + d], static_cast<float>(rows(i)[d]), s);
+      st[i * Ga + g] = s;
+    }
+}
+
 // Rows g of o [G x Dv] times alpha[g] (the running outputs brought to a new running max).
 void rescale_rows(float* o, int64_t G, int64_t Dv, const float* alpha) {
   for (int64_t g = 0; g < G; ++g) {
@@ -412,6 +426,8 @@ void paged_decode_impl(const PagedDecodeParams& p) {
                 float* oa = o + kvh * Ga * p.Dv;
                 const amx::ARows ka = amx::a_rows(krow, n, p.Dk, p.k_st, kbuf.data());
                 amx::scores(n, Ga, p.Dk, ka, qb.data() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
+                if (qterms > 1 && !all_finite(st.data(), n * Ga))
+                  exact_scores(n, G, Ga, p.Dk, krow, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, st.data());
                 if (p.q_exact_bf16) scale_scores(st.data(), n * Ga, p.q_mult);
                 softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, oa, p.Dv, alpha.data());
                 if (rows_v) {  // V's rows are K's (their first Dv elements) or their own
