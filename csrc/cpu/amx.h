@@ -5,7 +5,7 @@
 // most 2^-16 |x| behind, x = hi + mid + lo nothing (8 + 8 + 8 significant bits hold fp32's 24).
 //
 // Tiles: tmm0-3 accumulate C (16 rows x 16 fp32), tmm4-5 hold A (16 rows x 32 bf16), tmm6-7 hold B (16 pairs of rows
-// x 16 columns, "VNNI": B[2r + e][n] at pair r, column n, element e).
+// x 16 columns, "VNNI": B[2r + e][n] at pair r, column n, element e); score_block3 takes tmm5 for a third B tile.
 //   scores: S^T [tokens x heads] = K [tokens x Dk] * Q^T [Dk x heads]; A read from the cache rows in place (or from a
 //           copy where 16 rows are not evenly strided), Q^T packed once per query.
 //   P.V:    O [heads x Dv] += P [heads x tokens] * V [tokens x Dv], P transposed from the softmax's S^T layout and
@@ -141,11 +141,11 @@ inline int64_t groups_of(int64_t n) { return (n + kRows - 1) / kRows; }
 
 // Where the tiles of a group of 16 token rows read them (A tiles of K, B tiles of V): in place when the rows are evenly
 // strided and all present, else from a zero-padded copy (rows of `width` elements). from(g): the groups from g on.
-struct ARows {
+struct TileRows {
   const bf16* base[4];
   int64_t stride[4];  // bytes
-  ARows from(int64_t g) const {
-    ARows a{};
+  TileRows from(int64_t g) const {
+    TileRows a{};
     for (int64_t i = g; i < 4; ++i) a.base[i - g] = base[i], a.stride[i - g] = stride[i];
     return a;
   }
@@ -154,8 +154,8 @@ struct ARows {
 // rows(i): token row i (i < n <= 64) of one KV head, `width` elements read from each; copies go to buf (64 rows of
 // width).
 template <typename Rows>
-inline ARows a_rows(const Rows& rows, int64_t n, int64_t width, int64_t row_stride, bf16* buf) {
-  ARows a{};
+inline TileRows tile_rows(const Rows& rows, int64_t n, int64_t width, int64_t row_stride, bf16* buf) {
+  TileRows a{};
   for (int64_t g = 0; g < groups_of(n); ++g) {
     const int64_t i0 = g * kRows;
     bool even = i0 + kRows <= n;
@@ -181,7 +181,7 @@ inline ARows a_rows(const Rows& rows, int64_t n, int64_t width, int64_t row_stri
 // S^T rows [16 * TM] x heads [16 * TN] of one block: C tile (m, h) in tmm(m * TN + h). Per 32-wide chunk of Dk and
 // per bf16 term of Q: the TN B tiles of Q^T, then each A tile of K against them. hook() runs after every chunk.
 template <int TM, int TN, typename Hook>
-inline void score_block(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, int64_t h0, int terms, float* st,
+inline void score_block(const TileRows& a, int64_t Dk, const bf16* qb, int64_t G, int64_t h0, int terms, float* st,
                         Hook& hook) {
   static_assert(TM * TN <= 4 && TN <= 2, "four accumulator tiles, two B tiles");
   unrolled<TM * TN>([&](auto c) { zero<decltype(c)::value>(); });
@@ -210,7 +210,7 @@ inline void score_block(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, i
 // so that each A tile of K is loaded once per chunk rather than once per term (one thread, 64 tokens, MLA 16 heads,
 // rows in L2: 1.8 -> 1.5 us).
 template <int TM, typename Hook>
-inline void score_block3(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, float* st, Hook& hook) {
+inline void score_block3(const TileRows& a, int64_t Dk, const bf16* qb, int64_t G, float* st, Hook& hook) {
   static_assert(TM <= 4, "four accumulator tiles");
   unrolled<TM>([&](auto c) { zero<decltype(c)::value>(); });
   const int64_t qstride = G * 2 * static_cast<int64_t>(sizeof(bf16));
@@ -235,9 +235,9 @@ inline void score_block3(const ARows& a, int64_t Dk, const bf16* qb, int64_t G, 
 }
 
 // st[i * G + h] = K_i . Q_h for i < round_up(n, 16) (rows past n score zero rows), h < G, over every bf16 term of Q;
-// a: the tile's K rows (a_rows). hook() runs after every 32-wide chunk of K (prefetches of the next tile).
+// a: the tile's K rows (tile_rows). hook() runs after every 32-wide chunk of K (prefetches of the next tile).
 template <typename Hook>
-inline void scores(int64_t n, int64_t G, int64_t Dk, const ARows& a, const bf16* qb, int terms, float* st,
+inline void scores(int64_t n, int64_t G, int64_t Dk, const TileRows& a, const bf16* qb, int terms, float* st,
                    Hook& hook) {
   const int64_t groups = groups_of(n);
   if (G == 16 && terms == 3) {
@@ -260,14 +260,16 @@ inline void scores(int64_t n, int64_t G, int64_t Dk, const ARows& a, const bf16*
   }
   for (int64_t g0 = 0; g0 < groups; g0 += 2) {  // pairs of token groups against pairs of head tiles
     const bool tm2 = g0 + 2 <= groups;
-    const ARows ag = a.from(g0);
+    const TileRows ag = a.from(g0);
     float* s = st + g0 * kRows * G;
     for (int64_t h0 = 0; h0 < G; h0 += 32) {
       const bool two = h0 + 32 <= G;
       if (tm2)
-        two ? score_block<2, 2>(ag, Dk, qb, G, h0, terms, s, hook) : score_block<2, 1>(ag, Dk, qb, G, h0, terms, s, hook);
+        two ? score_block<2, 2>(ag, Dk, qb, G, h0, terms, s, hook)
+            : score_block<2, 1>(ag, Dk, qb, G, h0, terms, s, hook);
       else
-        two ? score_block<1, 2>(ag, Dk, qb, G, h0, terms, s, hook) : score_block<1, 1>(ag, Dk, qb, G, h0, terms, s, hook);
+        two ? score_block<1, 2>(ag, Dk, qb, G, h0, terms, s, hook)
+            : score_block<1, 1>(ag, Dk, qb, G, h0, terms, s, hook);
     }
   }
 }
@@ -357,7 +359,7 @@ inline void pack_p_halves(const float* st, int64_t n, int64_t G, uint32_t* pa) {
 // 2c, 2c + 1): load, add P.V over the groups of 16 tokens (B tiles: V rows in place, 32 dims; A tiles: pack_p_halves),
 // store.
 template <int NC>
-inline void pv_rows_block(const uint32_t* pa, int64_t groups, const ARows& v, int64_t Dv, int64_t d0, float* o) {
+inline void pv_rows_block(const uint32_t* pa, int64_t groups, const TileRows& v, int64_t Dv, int64_t d0, float* o) {
   const int64_t ostride = Dv * static_cast<int64_t>(sizeof(float));
   constexpr int64_t pstride = 16 * sizeof(uint32_t);
   unrolled<2 * NC>([&](auto c) { load<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
@@ -377,10 +379,10 @@ inline void pv_rows_block(const uint32_t* pa, int64_t groups, const ARows& v, in
   unrolled<2 * NC>([&](auto c) { store<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
 }
 
-// O [G x Dv] += P [G x n] * V with V's B tiles read from its rows v (a_rows, width >= Dv) and P from pack_p_halves; O's
-// columns even / odd apart per 32 (interleave_row). hook() runs after every 64 columns.
+// O [G x Dv] += P [G x n] * V with V's B tiles read from its rows v (tile_rows, width >= Dv) and P from
+// pack_p_halves; O's columns even / odd apart per 32 (interleave_row). hook() runs after every 64 columns.
 template <typename Hook>
-inline void pv_rows(int64_t G, int64_t Dv, int64_t n, const uint32_t* pa, const ARows& v, float* o, Hook& hook) {
+inline void pv_rows(int64_t G, int64_t Dv, int64_t n, const uint32_t* pa, const TileRows& v, float* o, Hook& hook) {
   const int64_t groups = groups_of(n);
   for (int64_t h0 = 0; h0 < G; h0 += 16) {
     const uint32_t* ph = pa + (h0 / 16) * groups * 4 * 256;

@@ -44,7 +44,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // For the AMX kernels (`to_l2`), whose tile loads read L2 at full speed and whose tiles with the next one's rows
 // overflow L1: rows contiguous in the cache are queued as one run, the lines go to L2 (prefetcht1), and runs of
 // kLongRun bytes or more are left to the hardware's stream prefetcher after their first line (32K tokens, bf16,
-// batch 16, alternated: GQA 43.7 -> 37.7-39.4 ms, MLA 16 heads 53.2 -> 37.5; the fp32 kernels ran 5-11% slower so).
+// batch 16, alternated: GQA 43.2 -> 37.5 ms, MLA 16 heads 49.6 -> 38.5; the fp32 kernels ran 5-11% slower so).
 struct TilePrefetcher {
   static constexpr int64_t kLongRun = 16 * 1024;
   struct Run {  // bytes still to prefetch
@@ -183,7 +183,8 @@ void exact_scores(int64_t n, int64_t G, int64_t Ga, int64_t Dk, const Rows& rows
   for (int64_t i = 0; i < n; ++i)
     for (int64_t g = 0; g < Ga; ++g) {
       float s = 0.f;
-      for (int64_t d = 0; g < G && d < Dk; ++d) s = std::fma(q[g * q_sh + d], static_cast<float>(rows(i)[d]), s);
+      if (g < G)
+        for (int64_t d = 0; d < Dk; ++d) s = std::fma(q[g * q_sh + d], static_cast<float>(rows(i)[d]), s);
       st[i * Ga + g] = s;
     }
 }
@@ -357,10 +358,10 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     std::unique_ptr<float[]> kf(convert ? new float[kTileMax * p.Dk] : nullptr),
         vf(convert && !v_in_k ? new float[kTileMax * p.Dv] : nullptr);
 #if defined(DCP_OPS_AMX)
-    // AMX: the tile configuration for this thread, copies of unevenly strided K rows, V for P.V
+    // AMX: the tile configuration for this thread; copies of unevenly strided K rows; V for P.V (pack_v's pairs, or
+    // copies of unevenly strided V rows for pv_rows); P's terms (pack_p's, or pack_p_halves' dwords)
     std::optional<amx::TileScope> tiles;
     if (amx) tiles.emplace();
-    // (pack_v's V, or copies of V rows for pv_rows), P's terms (pack_p's, or pack_p_halves' dwords)
     LineVector<amx::bf16> kbuf(amx ? kTileMax * p.Dk : 0), vbuf(amx ? p.Dv / 16 * amx::v_tile(kTileMax) : 0);
     LineVector<uint32_t> pbuf(amx ? std::max(Ga * kTileMax, amx::p_halves_size(Ga, kTileMax)) : 0);
 #endif
@@ -372,38 +373,38 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       float* o = acc_o.data();
       float* m = acc_m.data();
       float* l = acc_l.data();
+      if (j0 < j1 && !amx) {
+        if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
+          const float inv = 1.f / p.q_mult;
+          if (dp8) std::fill(qp.begin(), qp.end(), c10::BFloat16(0.f));
+          for (int64_t h = 0; h < p.Hq; ++h)
+            for (int64_t d = 0; d < (p.Dk + 1) / 2 * 2; ++d)
+              qp[(h / G) * qpairs + ((d / 2) * qheads + h % G) * 2 + d % 2] =
+                  d < p.Dk ? c10::BFloat16(p.q[t * p.q_st + h * p.q_sh + d] * inv) : c10::BFloat16(0.f);
+        } else if (nt) {  // Q per KV head packed for gemm_nt
+          for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
+            pack_nt(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, qt.data() + kvh * qpack);
+        } else {  // Q^T per KV head [Dk x G]: S^T = K Q^T puts the heads along the vector
+          for (int64_t h = 0; h < p.Hq; ++h)
+            for (int64_t d = 0; d < p.Dk; ++d)
+              qt[((h / G) * p.Dk + d) * G + h % G] = p.q[t * p.q_st + h * p.q_sh + d];
+        }
+      }
+      const int32_t* row = p.block_table + t * p.bt_stride;
+      // Row pointers of tokens j .. j + n - 1 (block and offset stepped, not divided, per token).
+      auto fill_rows = [&](int64_t j, int64_t n, const scalar_t** kr, const scalar_t** vr) {
+        int64_t b = j / p.block_size, off = j % p.block_size;
+        for (int64_t i = 0; i < n; ++i) {
+          kr[i] = kc + row[b] * p.k_sb + off * p.k_st;
+          vr[i] = vc + row[b] * p.v_sb + off * p.v_st;
+          if (++off == p.block_size) off = 0, ++b;
+        }
+      };
       // The item's tiles, P.V on V's cache rows in place (pv_rows) or on V packed (pack_v, pv).
       auto run = [&](bool rows_v) {
         std::fill(o, o + Hqa * p.Dv, 0.f);
         std::fill(m, m + Hqa, kNegInf);
         std::fill(l, l + Hqa, 0.f);
-        if (j0 < j1 && !amx) {
-          if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
-            const float inv = 1.f / p.q_mult;
-            if (dp8) std::fill(qp.begin(), qp.end(), c10::BFloat16(0.f));
-            for (int64_t h = 0; h < p.Hq; ++h)
-              for (int64_t d = 0; d < (p.Dk + 1) / 2 * 2; ++d)
-                qp[(h / G) * qpairs + ((d / 2) * qheads + h % G) * 2 + d % 2] =
-                    d < p.Dk ? c10::BFloat16(p.q[t * p.q_st + h * p.q_sh + d] * inv) : c10::BFloat16(0.f);
-          } else if (nt) {  // Q per KV head packed for gemm_nt
-            for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
-              pack_nt(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, qt.data() + kvh * qpack);
-          } else {  // Q^T per KV head [Dk x G]: S^T = K Q^T puts the heads along the vector
-            for (int64_t h = 0; h < p.Hq; ++h)
-              for (int64_t d = 0; d < p.Dk; ++d)
-                qt[((h / G) * p.Dk + d) * G + h % G] = p.q[t * p.q_st + h * p.q_sh + d];
-          }
-        }
-        const int32_t* row = p.block_table + t * p.bt_stride;
-        // Row pointers of tokens j .. j + n - 1 (block and offset stepped, not divided, per token).
-        auto fill_rows = [&](int64_t j, int64_t n, const scalar_t** kr, const scalar_t** vr) {
-          int64_t b = j / p.block_size, off = j % p.block_size;
-          for (int64_t i = 0; i < n; ++i) {
-            kr[i] = kc + row[b] * p.k_sb + off * p.k_st;
-            vr[i] = vc + row[b] * p.v_sb + off * p.v_st;
-            if (++off == p.block_size) off = 0, ++b;
-          }
-        };
         if (j0 < j1) fill_rows(j0, std::min(kTile, j1 - j0), next_krows.data(), next_vrows.data());
         for (int64_t j = j0; j < j1; j += kTile) {
           const int64_t n = std::min(kTile, j1 - j), n_next = std::clamp<int64_t>(j1 - j - n, 0, kTile);
@@ -418,20 +419,20 @@ void paged_decode_impl(const PagedDecodeParams& p) {
             const RowPtrs<scalar_t> v{vrows.data(), kvh * p.v_sh};
             float* oh = o + kvh * G * p.Dv;
             const Strided<float> pt{st.data(), 1, G};  // P = st^T, read in place
-  #if defined(DCP_OPS_AMX)
+#if defined(DCP_OPS_AMX)
             if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
               if (amx) {
                 auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
                 auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
                 float* oa = o + kvh * Ga * p.Dv;
-                const amx::ARows ka = amx::a_rows(krow, n, p.Dk, p.k_st, kbuf.data());
+                const amx::TileRows ka = amx::tile_rows(krow, n, p.Dk, p.k_st, kbuf.data());
                 amx::scores(n, Ga, p.Dk, ka, qb.data() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
                 if (qterms > 1 && !all_finite(st.data(), n * Ga))
                   exact_scores(n, G, Ga, p.Dk, krow, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, st.data());
                 if (p.q_exact_bf16) scale_scores(st.data(), n * Ga, p.q_mult);
                 softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, oa, p.Dv, alpha.data());
                 if (rows_v) {  // V's rows are K's (their first Dv elements) or their own
-                  const amx::ARows va = v_in_k ? ka : amx::a_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
+                  const amx::TileRows va = v_in_k ? ka : amx::tile_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
                   amx::pack_p_halves(st.data(), n, Ga, pbuf.data());
                   amx::pv_rows(Ga, p.Dv, n, pbuf.data(), va, oa, pf);
                 } else {
@@ -444,12 +445,12 @@ void paged_decode_impl(const PagedDecodeParams& p) {
                 continue;
               }
             }
-  #endif
+#endif
             if (dp8) {
-  #if defined(DCP_OPS_AVX512_BF16)
+#if defined(DCP_OPS_AVX512_BF16)
               if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
                 gemm_dp8(n, p.Dk, k, qp.data() + kvh * qpairs, st.data(), G, G, pf);
-  #endif
+#endif
               scale_scores(st.data(), n * G, p.q_mult);
             } else if (nt) {
               gemm_nt(n, G, p.Dk, k, qt.data() + kvh * qpack, st.data(), G, pf);
@@ -457,10 +458,10 @@ void paged_decode_impl(const PagedDecodeParams& p) {
               std::fill(st.begin(), st.begin() + n * G, 0.f);
               const Strided<float> qh{qt.data() + kvh * p.Dk * G, G, 1};
               if (dp) {
-  #if defined(DCP_OPS_AVX512_BF16)
+#if defined(DCP_OPS_AVX512_BF16)
                 if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
                   gemm_dp(n, G, p.Dk, k, qp.data() + kvh * qpairs, G, st.data(), G, pf);
-  #endif
+#endif
                 scale_scores(st.data(), n * G, p.q_mult);
                 if (v_in_k)  // P.V reads the fp32 copy of V, K's first Dv elements (a separate V is converted below)
                   for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dv, kf.get() + i * p.Dk);
@@ -471,11 +472,11 @@ void paged_decode_impl(const PagedDecodeParams& p) {
                 gemm_acc(n, G, p.Dk, k, qh, st.data(), G, pf);
               }
             }
-  #if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512)
             if (G <= 8)
               softmax_update8(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
             else
-  #endif
+#endif
               softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, oh, p.Dv, alpha.data());
             if (convert && v_in_k) {
               gemm_acc(G, p.Dv, n, pt, Strided<float>{kf.get(), p.Dk, 1}, oh, p.Dv, pf);
