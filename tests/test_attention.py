@@ -327,3 +327,24 @@ def test_bf16_cache_on_tile_kernels(case, block_size):
     assert out.dtype == dt
     assert_matches(out, r_out, dt, "out")
     assert_lse_matches(lse, r_lse, "lse")
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+@pytest.mark.parametrize("block_size", [1, 16, 48, 64])
+def test_fp32_mla16_cache_on_tile_kernels(absorb, block_size):
+    """An fp32 MLA cache with 16 heads: in builds for the amx ISA level both GEMMs run on AMX tiles over each tile's
+    rows split exactly into three bf16 terms, against the query's three (fp32, or absorbed through w_uk) and P's three,
+    six products each. Whole and partial groups of 16 tokens, rows from several blocks (1, 48), at 3x the softmax
+    scale, within fp32's 1e-5 of the float64 reference; slots past each sequence are NaN."""
+    gen = torch.Generator().manual_seed(block_size * 3 + absorb)
+    lens = [1, 15, 16, 17, 0, 95, 300]
+    T, dt = len(lens), torch.float32
+    kv, table = paged_cache(lens, block_size, (576,), dt, gen)
+    w_uk = randn(16, 128, 512, gen=gen, scale=128 ** -0.5) if absorb else None
+    q_nope = randn(T, 16, 128 if absorb else 512, gen=gen)
+    args = (q_nope, randn(T, 16, 64, gen=gen), kv, table, torch.tensor(lens, dtype=torch.int32), 3 * 192 ** -0.5,
+            w_uk)
+    out, lse = dcp_ops.mla_decode_partial(*args)
+    r_out, r_lse = ref.mla_decode_partial(*args)
+    assert_matches(out, r_out, dt, "out")
+    assert_lse_matches(lse, r_lse, "lse")

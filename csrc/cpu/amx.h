@@ -178,6 +178,49 @@ inline TileRows tile_rows(const Rows& rows, int64_t n, int64_t width, int64_t ro
   return a;
 }
 
+// An fp32 row of `width` elements (a multiple of 32) as three bf16 terms, term s at dst + s * plane; a null src gives
+// zeros (rows past a tile's tokens). Each term is the remainder truncated to bf16 (its low 16 bits cleared), so each
+// difference is exact and the last remainder, at most 8 significant bits, is a bf16 itself: x = hi + mid + lo exactly
+// (an inf gives NaN terms, a tile that exact_scores rescores).
+inline void split_row(const float* src, int64_t width, bf16* dst, int64_t plane) {
+  if (!src) {
+    for (int s = 0; s < 3; ++s) std::memset(static_cast<void*>(dst + s * plane), 0, width * sizeof(bf16));
+    return;
+  }
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  auto truncate = [&](__m512 x) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), high)); };
+  for (int64_t d = 0; d < width; d += 32) {
+    __m512 x0 = _mm512_loadu_ps(src + d), x1 = _mm512_loadu_ps(src + d + 16);
+    unrolled<3>([&](auto s) {
+      constexpr int S = decltype(s)::value;
+      const __m512 t0 = S < 2 ? truncate(x0) : x0, t1 = S < 2 ? truncate(x1) : x1;
+      _mm512_storeu_si512(dst + S * plane + d, (__m512i)_mm512_cvtne2ps_pbh(t1, t0));  // exact: t0, t1 are bf16
+      if (S < 2) x0 = _mm512_sub_ps(x0, t0), x1 = _mm512_sub_ps(x1, t1);
+    });
+  }
+}
+
+// Elements of the three terms of a tile's rows split by split_row: row i of term s at buf + s * plane + i * width.
+inline int64_t split_plane(int64_t width) { return 64 * width; }
+
+// The tiles of the three terms of a tile's rows in buf (split_row, rows of `width`).
+inline void split_tiles(const bf16* buf, int64_t width, TileRows (&terms)[3]) {
+  for (int s = 0; s < 3; ++s)
+    for (int64_t g = 0; g < 4; ++g) {
+      terms[s].base[g] = buf + s * split_plane(width) + g * kRows * width;
+      terms[s].stride[g] = width * static_cast<int64_t>(sizeof(bf16));
+    }
+}
+
+// rows(i) (fp32, i < n <= 64) split into three bf16 terms (split_row) in buf, rows n up to the group of 16 zero, and
+// the terms' tiles. (Prefetching rows 2 or 4 ahead into L1 or L2 here ran no faster: MLA 16 heads, 32K, batch 16.)
+template <typename Rows>
+inline void split_rows(const Rows& rows, int64_t n, int64_t width, bf16* buf, TileRows (&terms)[3]) {
+  for (int64_t i = 0; i < groups_of(n) * kRows; ++i)
+    split_row(i < n ? rows(i) : nullptr, width, buf + i * width, split_plane(width));
+  split_tiles(buf, width, terms);
+}
+
 // S^T rows [16 * TM] x heads [16 * TN] of one block: C tile (m, h) in tmm(m * TN + h). Per 32-wide chunk of Dk and
 // per bf16 term of Q: the TN B tiles of Q^T, then each A tile of K against them. hook() runs after every chunk.
 template <int TM, int TN, typename Hook>
@@ -208,9 +251,10 @@ inline void score_block(const TileRows& a, int64_t Dk, const bf16* qb, int64_t G
 
 // score_block<TM, 1> for a query of three bf16 terms: the three B tiles of Q^T stay in tmm5-7 over each chunk of K,
 // so that each A tile of K is loaded once per chunk rather than once per term (one thread, 64 tokens, MLA 16 heads,
-// rows in L2: 1.8 -> 1.5 us).
+// rows in L2: 1.8 -> 1.5 us). a[0 .. kterms): K's bf16 terms (one for a bf16 cache, three for an fp32 one, split_row),
+// term i against the query's terms j <= 2 - i (the products left out are below 2^-24 of |q| |k|).
 template <int TM, typename Hook>
-inline void score_block3(const TileRows& a, int64_t Dk, const bf16* qb, int64_t G, float* st, Hook& hook) {
+inline void score_block3(const TileRows* a, int kterms, int64_t Dk, const bf16* qb, int64_t G, float* st, Hook& hook) {
   static_assert(TM <= 4, "four accumulator tiles");
   unrolled<TM>([&](auto c) { zero<decltype(c)::value>(); });
   const int64_t qstride = G * 2 * static_cast<int64_t>(sizeof(bf16));
@@ -221,10 +265,17 @@ inline void score_block3(const TileRows& a, int64_t Dk, const bf16* qb, int64_t 
     load<7>(qk + 2 * Dk * G, qstride);
     unrolled<TM>([&](auto m) {
       constexpr int M = decltype(m)::value;
-      load<4>(a.base[M] + k, a.stride[M]);
+      load<4>(a[0].base[M] + k, a[0].stride[M]);
       dp<M, 4, 5>();
       dp<M, 4, 6>();
       dp<M, 4, 7>();
+      if (kterms > 1) {
+        load<4>(a[1].base[M] + k, a[1].stride[M]);
+        dp<M, 4, 5>();
+        dp<M, 4, 6>();
+        load<4>(a[2].base[M] + k, a[2].stride[M]);
+        dp<M, 4, 5>();
+      }
     });
     hook();
   }
@@ -235,32 +286,33 @@ inline void score_block3(const TileRows& a, int64_t Dk, const bf16* qb, int64_t 
 }
 
 // st[i * G + h] = K_i . Q_h for i < round_up(n, 16) (rows past n score zero rows), h < G, over every bf16 term of Q;
-// a: the tile's K rows (tile_rows). hook() runs after every 32-wide chunk of K (prefetches of the next tile).
+// a[0 .. kterms): the tile's K rows (tile_rows), or their three bf16 terms (split_row: G == 16 and three query terms).
+// hook() runs after every 32-wide chunk of K (prefetches of the next tile).
 template <typename Hook>
-inline void scores(int64_t n, int64_t G, int64_t Dk, const TileRows& a, const bf16* qb, int terms, float* st,
-                   Hook& hook) {
+inline void scores(int64_t n, int64_t G, int64_t Dk, const TileRows* a, int kterms, const bf16* qb, int terms,
+                   float* st, Hook& hook) {
   const int64_t groups = groups_of(n);
   if (G == 16 && terms == 3) {
     switch (groups) {
-      case 1: score_block3<1>(a, Dk, qb, G, st, hook); break;
-      case 2: score_block3<2>(a, Dk, qb, G, st, hook); break;
-      case 3: score_block3<3>(a, Dk, qb, G, st, hook); break;
-      default: score_block3<4>(a, Dk, qb, G, st, hook); break;
+      case 1: score_block3<1>(a, kterms, Dk, qb, G, st, hook); break;
+      case 2: score_block3<2>(a, kterms, Dk, qb, G, st, hook); break;
+      case 3: score_block3<3>(a, kterms, Dk, qb, G, st, hook); break;
+      default: score_block3<4>(a, kterms, Dk, qb, G, st, hook); break;
     }
     return;
   }
   if (G == 16) {  // one head tile: every token group (at most 4) against it
     switch (groups) {
-      case 1: score_block<1, 1>(a, Dk, qb, G, 0, terms, st, hook); break;
-      case 2: score_block<2, 1>(a, Dk, qb, G, 0, terms, st, hook); break;
-      case 3: score_block<3, 1>(a, Dk, qb, G, 0, terms, st, hook); break;
-      default: score_block<4, 1>(a, Dk, qb, G, 0, terms, st, hook); break;
+      case 1: score_block<1, 1>(a[0], Dk, qb, G, 0, terms, st, hook); break;
+      case 2: score_block<2, 1>(a[0], Dk, qb, G, 0, terms, st, hook); break;
+      case 3: score_block<3, 1>(a[0], Dk, qb, G, 0, terms, st, hook); break;
+      default: score_block<4, 1>(a[0], Dk, qb, G, 0, terms, st, hook); break;
     }
     return;
   }
   for (int64_t g0 = 0; g0 < groups; g0 += 2) {  // pairs of token groups against pairs of head tiles
     const bool tm2 = g0 + 2 <= groups;
-    const TileRows ag = a.from(g0);
+    const TileRows ag = a[0].from(g0);
     float* s = st + g0 * kRows * G;
     for (int64_t h0 = 0; h0 < G; h0 += 32) {
       const bool two = h0 + 32 <= G;
@@ -306,11 +358,14 @@ inline void load_transposed(const float* st, int64_t n, int64_t G, int64_t i0, i
   transpose16(r);
 }
 
-// x = hi + lo + (at most 2^-16 |x|), both terms bf16 (round to nearest even).
-inline void split(__m512 x, __m256i& hi, __m256i& lo) {
-  hi = (__m256i)_mm512_cvtneps_pbh(x);
-  const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));  // hi as fp32
-  lo = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, back));
+// x = t[0] + ... + t[terms - 1] in bf16 terms, each the remainder rounded to nearest even: two leave at most 2^-16 |x|
+// behind, three nothing.
+inline void split(__m512 x, int terms, __m256i* t) {
+  for (int s = 0; s < terms; ++s) {
+    t[s] = (__m256i)_mm512_cvtneps_pbh(x);
+    if (s + 1 < terms)
+      x = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(t[s]), 16)));  // t[s] as fp32
+  }
 }
 
 // P [G x np] as hi + lo bf16 terms from the probabilities st [n x G] (S^T layout); columns n .. np are zero.
@@ -320,79 +375,87 @@ inline void pack_p(const float* st, int64_t n, int64_t G, int64_t np, bf16* hi, 
       __m512 r[16];
       load_transposed(st, n, G, i0, g0, r);
       for (int64_t h = 0; h < 16; ++h) {
-        __m256i h16, l16;
-        split(r[h], h16, l16);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + (g0 + h) * np + i0), h16);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + (g0 + h) * np + i0), l16);
+        __m256i t[2];
+        split(r[h], 2, t);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + (g0 + h) * np + i0), t[0]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + (g0 + h) * np + i0), t[1]);
       }
     }
 }
 
-// Dwords of the A tiles pack_p_halves writes for G heads and n tokens: per head tile and group of 16 tokens, four
-// tiles of 16 heads x 16 dwords.
-inline int64_t p_halves_size(int64_t G, int64_t n) { return G / 16 * groups_of(n) * 4 * 256; }
+// Dwords of the A tiles pack_p_halves writes for G heads, n tokens and `terms` bf16 terms of P: per head tile and group
+// of 16 tokens, two tiles of 16 heads x 16 dwords per term.
+inline int64_t p_halves_size(int64_t G, int64_t n, int terms) { return G / 16 * groups_of(n) * 2 * terms * 256; }
 
-// P for pv_rows from the probabilities st [n x G] (S^T layout), zero past token n: per head tile and group of 16
-// tokens (tile ((h0 / 16) * groups + grp) * 4 + v), dword k of head row h holds the bf16 term of P[h][token k] in its
-// low half (v = 0: hi, 2: lo; against the even dims of a V row) or its high half (v = 1: hi, 3: lo; the odd dims),
-// the other half zero.
-inline void pack_p_halves(const float* st, int64_t n, int64_t G, uint32_t* pa) {
+// P for pv_rows from the probabilities st [n x G] (S^T layout), zero past token n, as `terms` bf16 terms (2, or 3 for
+// an fp32 V): per head tile and group of 16 tokens (tiles from ((h0 / 16) * groups + grp) * 2 * terms), tile 2s + e
+// holds term s of P[h][token k] in dword k of head row h, in its low half (e = 0; against the even dims of a V row) or
+// its high half (e = 1; the odd dims), the other half zero.
+inline void pack_p_halves(const float* st, int64_t n, int64_t G, int terms, uint32_t* pa) {
   const int64_t groups = groups_of(n);
   for (int64_t g0 = 0; g0 < G; g0 += 16)
     for (int64_t grp = 0; grp < groups; ++grp) {
       __m512 r[16];
       load_transposed(st, n, G, grp * kRows, g0, r);
-      uint32_t* t = pa + ((g0 / 16) * groups + grp) * 4 * 256;
+      uint32_t* t = pa + ((g0 / 16) * groups + grp) * 2 * terms * 256;
       for (int64_t h = 0; h < 16; ++h) {
-        __m256i h16, l16;
-        split(r[h], h16, l16);
-        const __m512i hi = _mm512_cvtepu16_epi32(h16), lo = _mm512_cvtepu16_epi32(l16);
-        _mm512_storeu_si512(t + h * 16, hi);
-        _mm512_storeu_si512(t + 256 + h * 16, _mm512_slli_epi32(hi, 16));
-        _mm512_storeu_si512(t + 512 + h * 16, lo);
-        _mm512_storeu_si512(t + 768 + h * 16, _mm512_slli_epi32(lo, 16));
+        __m256i parts[3];
+        split(r[h], terms, parts);
+        for (int s = 0; s < terms; ++s) {
+          const __m512i low = _mm512_cvtepu16_epi32(parts[s]);
+          _mm512_storeu_si512(t + 2 * s * 256 + h * 16, low);
+          _mm512_storeu_si512(t + (2 * s + 1) * 256 + h * 16, _mm512_slli_epi32(low, 16));
+        }
       }
     }
 }
 
 // O rows of one head tile, NC chunks of 32 dims from column d0 (o's columns even / odd apart per chunk: C tiles
-// 2c, 2c + 1): load, add P.V over the groups of 16 tokens (B tiles: V rows in place, 32 dims; A tiles: pack_p_halves),
-// store.
+// 2c, 2c + 1): load, add P.V over the groups of 16 tokens, store. B tiles: V's rows in place (32 dims), v[0 .. vterms)
+// its bf16 terms (one for a bf16 V, three for an fp32 one); A tiles: pack_p_halves' `pterms` terms of P, term i of P
+// against V's terms j <= 2 - i (the products left out are below 2^-24 of |p| |v|).
 template <int NC>
-inline void pv_rows_block(const uint32_t* pa, int64_t groups, const TileRows& v, int64_t Dv, int64_t d0, float* o) {
+inline void pv_rows_block(const uint32_t* pa, int pterms, int64_t groups, const TileRows* v, int vterms, int64_t Dv,
+                          int64_t d0, float* o) {
   const int64_t ostride = Dv * static_cast<int64_t>(sizeof(float));
   constexpr int64_t pstride = 16 * sizeof(uint32_t);
   unrolled<2 * NC>([&](auto c) { load<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
   for (int64_t g = 0; g < groups; ++g) {
-    unrolled<NC>([&](auto c) { load<6 + decltype(c)::value>(v.base[g] + d0 + decltype(c)::value * 32, v.stride[g]); });
-    const uint32_t* t = pa + g * 4 * 256;
-    for (int term = 0; term < 2; ++term) {  // hi, lo
-      load<4>(t + term * 512, pstride);        // P in the low halves: even dims
-      load<5>(t + term * 512 + 256, pstride);  // high halves: odd dims
+    const uint32_t* t = pa + g * 2 * pterms * 256;
+    for (int j = 0; j < vterms; ++j) {
       unrolled<NC>([&](auto c) {
-        constexpr int C = decltype(c)::value;
-        dp<2 * C, 4, 6 + C>();
-        dp<2 * C + 1, 5, 6 + C>();
+        load<6 + decltype(c)::value>(v[j].base[g] + d0 + decltype(c)::value * 32, v[j].stride[g]);
       });
+      for (int i = 0; i < pterms && i + j <= 2; ++i) {
+        load<4>(t + 2 * i * 256, pstride);        // P in the low halves: even dims
+        load<5>(t + (2 * i + 1) * 256, pstride);  // high halves: odd dims
+        unrolled<NC>([&](auto c) {
+          constexpr int C = decltype(c)::value;
+          dp<2 * C, 4, 6 + C>();
+          dp<2 * C + 1, 5, 6 + C>();
+        });
+      }
     }
   }
   unrolled<2 * NC>([&](auto c) { store<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
 }
 
-// O [G x Dv] += P [G x n] * V with V's B tiles read from its rows v (tile_rows, width >= Dv) and P from
-// pack_p_halves; O's columns even / odd apart per 32 (interleave_row). hook() runs after every 64 columns.
+// O [G x Dv] += P [G x n] * V with V's B tiles read from its rows (v[0 .. vterms): tile_rows or split_tiles, width >=
+// Dv) and P from pack_p_halves (pterms terms); O's columns even / odd apart per 32 (interleave_row). hook() runs after
+// every 64 columns.
 template <typename Hook>
-inline void pv_rows(int64_t G, int64_t Dv, int64_t n, const uint32_t* pa, const TileRows& v, float* o, Hook& hook) {
+inline void pv_rows(int64_t G, int64_t Dv, int64_t n, const uint32_t* pa, int pterms, const TileRows* v, int vterms,
+                    float* o, Hook& hook) {
   const int64_t groups = groups_of(n);
   for (int64_t h0 = 0; h0 < G; h0 += 16) {
-    const uint32_t* ph = pa + (h0 / 16) * groups * 4 * 256;
+    const uint32_t* ph = pa + (h0 / 16) * groups * 2 * pterms * 256;
     float* oh = o + h0 * Dv;
     int64_t d0 = 0;
     for (; d0 + 64 <= Dv; d0 += 64) {
-      pv_rows_block<2>(ph, groups, v, Dv, d0, oh);
+      pv_rows_block<2>(ph, pterms, groups, v, vterms, Dv, d0, oh);
       hook();
     }
-    if (d0 < Dv) pv_rows_block<1>(ph, groups, v, Dv, d0, oh);  // Dv is a multiple of 32
+    if (d0 < Dv) pv_rows_block<1>(ph, pterms, groups, v, vterms, Dv, d0, oh);  // Dv is a multiple of 32
   }
 }
 

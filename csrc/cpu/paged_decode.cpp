@@ -272,24 +272,30 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   // A bf16 cache and an exact bf16 query in AVX512_BF16 builds: scores by bf16 dot products of the unscaled query,
   // scaled after in fp32; by gemm_dp for whole vectors of heads (MLA), by gemm_dp8 for at most 8 (GQA; P.V as with nt).
   const bool exact_bf16 = kDpBf16 && std::is_same_v<scalar_t, c10::BFloat16> && p.q_exact_bf16;
+  // V rows are the first Dv elements of the K rows (MLA's latent; or one tensor passed as both caches).
+  const bool v_in_k = p.v == p.k && p.v_sb == p.k_sb && p.v_st == p.k_st && p.v_sh == p.k_sh && p.Dv <= p.Dk;
   // A bf16 cache in AMX builds, 8 or more heads per KV head (amx::fits): both GEMMs on AMX tiles (amx.h), an fp32
   // query as three bf16 terms and the probabilities as two. Ga: heads per KV head as the running state lays them out;
   // the AMX kernels take whole tiles of 16, the heads past G (zero queries) computed and dropped.
 #if defined(DCP_OPS_AMX)
-  const bool amx = std::is_same_v<scalar_t, c10::BFloat16> && amx::fits(G, p.Dk, p.Dv);
+  // An fp32 cache with 16 heads per KV head and V in K's rows (MLA 16 heads) too: each tile's rows are split into
+  // three bf16 terms (amx::split_rows, exact), scored against the query's three, and P's three terms multiplied by
+  // V's (the same split rows): six tile products for each, fp32 accuracy. (32K tokens, batch 16, alternated: MLA 16
+  // heads 127-135 -> 118-124 ms, with w_uk 133-141 -> 124-127 ms; GQA 32q/2kv d128 84 -> 123 ms, which splits V's rows
+  // too and keeps the FMA kernels.)
+  const bool amx32 = std::is_same_v<scalar_t, float> && G == 16 && v_in_k && amx::fits(G, p.Dk, p.Dv);
+  const bool amx = (std::is_same_v<scalar_t, c10::BFloat16> && amx::fits(G, p.Dk, p.Dv)) || amx32;
   TORCH_CHECK(!amx || amx::request_permission(), "paged_decode: Linux refused this process the AMX tile state "
               "(arch_prctl ARCH_REQ_XCOMP_PERM); rebuild with DCP_OPS_CPU_ISA=avx512bf16");
-  const int qterms = p.q_exact_bf16 ? 1 : 3;
+  const int qterms = p.q_exact_bf16 && !amx32 ? 1 : 3;  // (score_block3 takes K in three terms against three)
   const int64_t Ga = amx ? amx::padded_heads(G) : G;
   const bool v_rows = amx && Ga <= amx::kRowsVMaxHeads;  // P.V by pv_rows: O's columns even / odd apart per 32
 #else
-  constexpr bool amx = false, v_rows = false;
+  constexpr bool amx = false, amx32 = false, v_rows = false;
   const int64_t Ga = G;
 #endif
   const int64_t Hqa = p.Hkv * Ga;
   const bool dp = !amx && exact_bf16 && G % kVL == 0, dp8 = !amx && exact_bf16 && G <= 8;
-  // V rows are the first Dv elements of the K rows (MLA's latent; or one tensor passed as both caches).
-  const bool v_in_k = p.v == p.k && p.v_sb == p.k_sb && p.v_st == p.k_st && p.v_sh == p.k_sh && p.Dv <= p.Dk;
   // Large G with a bf16 / fp16 cache: the score GEMM reads each K element once per column strip of heads and P.V each
   // V element once per block of 6 heads (22 times for 128 heads), converting it every time; instead each KV head's
   // tile rows are converted to fp32 once, into a buffer that stays in L2 (MLA 128 heads, 32K, bf16: 119 -> 93 ms;
@@ -358,12 +364,14 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     std::unique_ptr<float[]> kf(convert ? new float[kTileMax * p.Dk] : nullptr),
         vf(convert && !v_in_k ? new float[kTileMax * p.Dv] : nullptr);
 #if defined(DCP_OPS_AMX)
-    // AMX: the tile configuration for this thread; copies of unevenly strided K rows; V for P.V (pack_v's pairs, or
-    // copies of unevenly strided V rows for pv_rows); P's terms (pack_p's, or pack_p_halves' dwords)
+    // AMX: the tile configuration for this thread; copies of unevenly strided K rows (bf16) or the three terms of
+    // every K row (fp32); V for P.V (pack_v's pairs, or copies of unevenly strided V rows for pv_rows); P's terms
+    // (pack_p's, or pack_p_halves' dwords)
     std::optional<amx::TileScope> tiles;
     if (amx) tiles.emplace();
-    LineVector<amx::bf16> kbuf(amx ? kTileMax * p.Dk : 0), vbuf(amx ? p.Dv / 16 * amx::v_tile(kTileMax) : 0);
-    LineVector<uint32_t> pbuf(amx ? std::max(Ga * kTileMax, amx::p_halves_size(Ga, kTileMax)) : 0);
+    const int kterms = amx32 ? 3 : 1;  // bf16 terms of each cache element in the tiles
+    LineVector<amx::bf16> kbuf(amx ? kterms * kTileMax * p.Dk : 0), vbuf(amx ? p.Dv / 16 * amx::v_tile(kTileMax) : 0);
+    LineVector<uint32_t> pbuf(amx ? std::max(Ga * kTileMax, amx::p_halves_size(Ga, kTileMax, kterms == 3 ? 3 : 2)) : 0);
 #endif
     for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
@@ -373,7 +381,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       float* o = acc_o.data();
       float* m = acc_m.data();
       float* l = acc_l.data();
-      if (j0 < j1 && !amx) {
+      if (j0 < j1 && (!amx || amx32)) {  // (an fp32 item may be recomputed without AMX, below)
         if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
           const float inv = 1.f / p.q_mult;
           if (dp8) std::fill(qp.begin(), qp.end(), c10::BFloat16(0.f));
@@ -400,8 +408,9 @@ void paged_decode_impl(const PagedDecodeParams& p) {
           if (++off == p.block_size) off = 0, ++b;
         }
       };
-      // The item's tiles, P.V on V's cache rows in place (pv_rows) or on V packed (pack_v, pv).
-      auto run = [&](bool rows_v) {
+      // The item's tiles: on AMX (use_amx) with P.V on V's rows in place (pv_rows) or on V packed (pack_v, pv), or
+      // on the fp32 FMA kernels.
+      auto run = [&](bool use_amx, bool rows_v) {
         std::fill(o, o + Hqa * p.Dv, 0.f);
         std::fill(m, m + Hqa, kNegInf);
         std::fill(l, l + Hqa, 0.f);
@@ -420,22 +429,30 @@ void paged_decode_impl(const PagedDecodeParams& p) {
             float* oh = o + kvh * G * p.Dv;
             const Strided<float> pt{st.data(), 1, G};  // P = st^T, read in place
 #if defined(DCP_OPS_AMX)
-            if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-              if (amx) {
+            if constexpr (!std::is_same_v<scalar_t, c10::Half>) {  // bf16 and fp32 caches
+              if (use_amx) {
                 auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
                 auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
                 float* oa = o + kvh * Ga * p.Dv;
-                const amx::TileRows ka = amx::tile_rows(krow, n, p.Dk, p.k_st, kbuf.data());
-                amx::scores(n, Ga, p.Dk, ka, qb.data() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
+                amx::TileRows kt[3], vt[3];  // K's and V's tiles: the cache rows (bf16), or their three bf16 terms (fp32)
+                if constexpr (std::is_same_v<scalar_t, float>) {
+                  amx::split_rows(krow, n, p.Dk, kbuf.data(), kt);
+                  std::copy(kt, kt + 3, vt);  // V: the first Dv elements of K's rows (amx32)
+                } else {
+                  kt[0] = amx::tile_rows(krow, n, p.Dk, p.k_st, kbuf.data());
+                }
+                amx::scores(n, Ga, p.Dk, kt, kterms, qb.data() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
                 if (qterms > 1 && !all_finite(st.data(), n * Ga))
                   exact_scores(n, G, Ga, p.Dk, krow, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, st.data());
                 if (p.q_exact_bf16) scale_scores(st.data(), n * Ga, p.q_mult);
                 softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, oa, p.Dv, alpha.data());
                 if (rows_v) {  // V's rows are K's (their first Dv elements) or their own
-                  const amx::TileRows va = v_in_k ? ka : amx::tile_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
-                  amx::pack_p_halves(st.data(), n, Ga, pbuf.data());
-                  amx::pv_rows(Ga, p.Dv, n, pbuf.data(), va, oa, pf);
-                } else {
+                  if constexpr (!std::is_same_v<scalar_t, float>)
+                    vt[0] = v_in_k ? kt[0] : amx::tile_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
+                  const int pterms = kterms == 3 ? 3 : 2;
+                  amx::pack_p_halves(st.data(), n, Ga, pterms, pbuf.data());
+                  amx::pv_rows(Ga, p.Dv, n, pbuf.data(), pterms, vt, kterms, oa, pf);
+                } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
                   const int64_t np = amx::padded(n);
                   auto* hi = reinterpret_cast<amx::bf16*>(pbuf.data());
                   amx::pack_p(st.data(), n, Ga, np, hi, hi + Ga * np);
@@ -492,11 +509,12 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       };
       // P.V on V's cache rows puts the zero half of each P dword against a real V element, so a non-finite V element
       // in a valid slot (0 x inf = NaN) would also turn its neighbouring dim's output NaN where the reference gives a
-      // number. An item with any non-finite output is therefore recomputed with V packed, whose products keep the
-      // dims apart; finite caches never take this second pass.
+      // number; an fp32 V element's terms (inf - inf) are NaN too. An item with any non-finite output is therefore
+      // recomputed with V packed (bf16), whose products keep the dims apart, or on the fp32 FMA kernels; finite caches
+      // never take this second pass.
       bool rows_v = v_rows;
-      run(rows_v);
-      if (rows_v && !all_finite(o, Hqa * p.Dv)) run(rows_v = false);
+      run(amx, rows_v);
+      if (rows_v && !all_finite(o, Hqa * p.Dv)) run(amx && !amx32, rows_v = false);
       for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {  // the first G of each KV head's Ga heads
         float* dst = part_o.get() + (item * p.Hq + kvh * G) * p.Dv;
 #if defined(DCP_OPS_AMX)
