@@ -1,8 +1,10 @@
-// AMX (Advanced Matrix Extensions) tile kernels for paged decode over a bf16 cache, in builds for the amx ISA level.
+// AMX (Advanced Matrix Extensions) tile kernels for paged decode over a bf16 cache (and an fp32 MLA cache of 16 heads,
+// its rows split into three bf16 terms by split_row), in builds for the amx ISA level.
 // TDPBF16PS multiplies bf16 pairs exactly and adds the products to fp32 tiles with fp32 additions, as vdpbf16ps does,
 // so results are those of fp32 arithmetic on the same values. Operands that are not exactly bf16 (an fp32 query
 // absorbed through w_uk, the fp32 probabilities) are split into sums of bf16 terms first: x = hi + lo leaves at
-// most 2^-16 |x| behind, x = hi + mid + lo nothing (8 + 8 + 8 significant bits hold fp32's 24).
+// most 2^-16 |x| behind, x = hi + mid + lo nothing (8 + 8 + 8 significant bits hold fp32's 24). Two three-term
+// operands keep the six products whose term orders sum to at most 2 (score_block3, pv_rows_block).
 //
 // Tiles: tmm0-3 accumulate C (16 rows x 16 fp32), tmm4-5 hold A (16 rows x 32 bf16), tmm6-7 hold B (16 pairs of rows
 // x 16 columns, "VNNI": B[2r + e][n] at pair r, column n, element e); score_block3 takes tmm5 for a third B tile.
@@ -251,10 +253,11 @@ inline void score_block(const TileRows& a, int64_t Dk, const bf16* qb, int64_t G
 
 // score_block<TM, 1> for a query of three bf16 terms: the three B tiles of Q^T stay in tmm5-7 over each chunk of K,
 // so that each A tile of K is loaded once per chunk rather than once per term (one thread, 64 tokens, MLA 16 heads,
-// rows in L2: 1.8 -> 1.5 us). a[0 .. kterms): K's bf16 terms (one for a bf16 cache, three for an fp32 one, split_row),
-// term i against the query's terms j <= 2 - i (the products left out are below 2^-24 of |q| |k|).
-template <int TM, typename Hook>
-inline void score_block3(const TileRows* a, int kterms, int64_t Dk, const bf16* qb, int64_t G, float* st, Hook& hook) {
+// rows in L2: 1.8 -> 1.5 us). a[0 .. KT): K's bf16 terms (one for a bf16 cache, three for an fp32 one, split_row),
+// term i against the query's terms j <= 2 - i. The products left out sum to under 2^-21 |q| |k| (fp32 rounds each
+// operation to 2^-24): a rounded term i is at most 2^(-8i) of the value, a truncated one under 2^(-7i).
+template <int TM, int KT, typename Hook>
+inline void score_block3(const TileRows* a, int64_t Dk, const bf16* qb, int64_t G, float* st, Hook& hook) {
   static_assert(TM <= 4, "four accumulator tiles");
   unrolled<TM>([&](auto c) { zero<decltype(c)::value>(); });
   const int64_t qstride = G * 2 * static_cast<int64_t>(sizeof(bf16));
@@ -269,7 +272,7 @@ inline void score_block3(const TileRows* a, int kterms, int64_t Dk, const bf16* 
       dp<M, 4, 5>();
       dp<M, 4, 6>();
       dp<M, 4, 7>();
-      if (kterms > 1) {
+      if constexpr (KT == 3) {
         load<4>(a[1].base[M] + k, a[1].stride[M]);
         dp<M, 4, 5>();
         dp<M, 4, 6>();
@@ -293,12 +296,16 @@ inline void scores(int64_t n, int64_t G, int64_t Dk, const TileRows* a, int kter
                    float* st, Hook& hook) {
   const int64_t groups = groups_of(n);
   if (G == 16 && terms == 3) {
-    switch (groups) {
-      case 1: score_block3<1>(a, kterms, Dk, qb, G, st, hook); break;
-      case 2: score_block3<2>(a, kterms, Dk, qb, G, st, hook); break;
-      case 3: score_block3<3>(a, kterms, Dk, qb, G, st, hook); break;
-      default: score_block3<4>(a, kterms, Dk, qb, G, st, hook); break;
-    }
+    auto block3 = [&](auto kt) {
+      constexpr int KT = decltype(kt)::value;
+      switch (groups) {
+        case 1: score_block3<1, KT>(a, Dk, qb, G, st, hook); break;
+        case 2: score_block3<2, KT>(a, Dk, qb, G, st, hook); break;
+        case 3: score_block3<3, KT>(a, Dk, qb, G, st, hook); break;
+        default: score_block3<4, KT>(a, Dk, qb, G, st, hook); break;
+      }
+    };
+    kterms == 3 ? block3(std::integral_constant<int, 3>{}) : block3(std::integral_constant<int, 1>{});
     return;
   }
   if (G == 16) {  // one head tile: every token group (at most 4) against it
@@ -411,51 +418,53 @@ inline void pack_p_halves(const float* st, int64_t n, int64_t G, int terms, uint
 }
 
 // O rows of one head tile, NC chunks of 32 dims from column d0 (o's columns even / odd apart per chunk: C tiles
-// 2c, 2c + 1): load, add P.V over the groups of 16 tokens, store. B tiles: V's rows in place (32 dims), v[0 .. vterms)
-// its bf16 terms (one for a bf16 V, three for an fp32 one); A tiles: pack_p_halves' `pterms` terms of P, term i of P
-// against V's terms j <= 2 - i (the products left out are below 2^-24 of |p| |v|).
-template <int NC>
-inline void pv_rows_block(const uint32_t* pa, int pterms, int64_t groups, const TileRows* v, int vterms, int64_t Dv,
-                          int64_t d0, float* o) {
+// 2c, 2c + 1): load, add P.V over the groups of 16 tokens, store. B tiles: V's rows in place (32 dims), v[0 .. VT)
+// its bf16 terms (one for a bf16 V, three for an fp32 one); A tiles: pack_p_halves' PT terms of P, term i of P
+// against V's terms j <= 2 - i (the products left out sum to under 2^-21 |p| |v|, as in score_block3).
+template <int NC, int PT, int VT>
+inline void pv_rows_block(const uint32_t* pa, int64_t groups, const TileRows* v, int64_t Dv, int64_t d0, float* o) {
   const int64_t ostride = Dv * static_cast<int64_t>(sizeof(float));
   constexpr int64_t pstride = 16 * sizeof(uint32_t);
   unrolled<2 * NC>([&](auto c) { load<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
   for (int64_t g = 0; g < groups; ++g) {
-    const uint32_t* t = pa + g * 2 * pterms * 256;
-    for (int j = 0; j < vterms; ++j) {
+    const uint32_t* t = pa + g * 2 * PT * 256;
+    unrolled<VT>([&](auto j) {
+      constexpr int J = decltype(j)::value;
       unrolled<NC>([&](auto c) {
-        load<6 + decltype(c)::value>(v[j].base[g] + d0 + decltype(c)::value * 32, v[j].stride[g]);
+        load<6 + decltype(c)::value>(v[J].base[g] + d0 + decltype(c)::value * 32, v[J].stride[g]);
       });
-      for (int i = 0; i < pterms && i + j <= 2; ++i) {
-        load<4>(t + 2 * i * 256, pstride);        // P in the low halves: even dims
-        load<5>(t + (2 * i + 1) * 256, pstride);  // high halves: odd dims
-        unrolled<NC>([&](auto c) {
-          constexpr int C = decltype(c)::value;
-          dp<2 * C, 4, 6 + C>();
-          dp<2 * C + 1, 5, 6 + C>();
-        });
-      }
-    }
+      unrolled<PT>([&](auto i) {
+        constexpr int I = decltype(i)::value;
+        if constexpr (I + J <= 2) {
+          load<4>(t + 2 * I * 256, pstride);        // P in the low halves: even dims
+          load<5>(t + (2 * I + 1) * 256, pstride);  // high halves: odd dims
+          unrolled<NC>([&](auto c) {
+            constexpr int C = decltype(c)::value;
+            dp<2 * C, 4, 6 + C>();
+            dp<2 * C + 1, 5, 6 + C>();
+          });
+        }
+      });
+    });
   }
   unrolled<2 * NC>([&](auto c) { store<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
 }
 
-// O [G x Dv] += P [G x n] * V with V's B tiles read from its rows (v[0 .. vterms): tile_rows or split_tiles, width >=
-// Dv) and P from pack_p_halves (pterms terms); O's columns even / odd apart per 32 (interleave_row). hook() runs after
-// every 64 columns.
-template <typename Hook>
-inline void pv_rows(int64_t G, int64_t Dv, int64_t n, const uint32_t* pa, int pterms, const TileRows* v, int vterms,
-                    float* o, Hook& hook) {
+// O [G x Dv] += P [G x n] * V with V's B tiles read from its rows (v[0 .. VT): tile_rows or split_tiles, width >= Dv)
+// and P from pack_p_halves (PT terms: 2 against a bf16 V, 3 against an fp32 one's three); O's columns even / odd apart
+// per 32 (interleave_row). hook() runs after every 64 columns.
+template <int PT, int VT, typename Hook>
+inline void pv_rows(int64_t G, int64_t Dv, int64_t n, const uint32_t* pa, const TileRows* v, float* o, Hook& hook) {
   const int64_t groups = groups_of(n);
   for (int64_t h0 = 0; h0 < G; h0 += 16) {
-    const uint32_t* ph = pa + (h0 / 16) * groups * 2 * pterms * 256;
+    const uint32_t* ph = pa + (h0 / 16) * groups * 2 * PT * 256;
     float* oh = o + h0 * Dv;
     int64_t d0 = 0;
     for (; d0 + 64 <= Dv; d0 += 64) {
-      pv_rows_block<2>(ph, pterms, groups, v, vterms, Dv, d0, oh);
+      pv_rows_block<2, PT, VT>(ph, groups, v, Dv, d0, oh);
       hook();
     }
-    if (d0 < Dv) pv_rows_block<1>(ph, pterms, groups, v, vterms, Dv, d0, oh);  // Dv is a multiple of 32
+    if (d0 < Dv) pv_rows_block<1, PT, VT>(ph, groups, v, Dv, d0, oh);  // Dv is a multiple of 32
   }
 }
 

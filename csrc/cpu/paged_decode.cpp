@@ -434,7 +434,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
                 auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
                 auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
                 float* oa = o + kvh * Ga * p.Dv;
-                amx::TileRows kt[3], vt[3];  // K's and V's tiles: the cache rows (bf16), or their three bf16 terms (fp32)
+                amx::TileRows kt[3], vt[3];  // K's and V's tiles: cache rows (bf16), or their three bf16 terms (fp32)
                 if constexpr (std::is_same_v<scalar_t, float>) {
                   amx::split_rows(krow, n, p.Dk, kbuf.data(), kt);
                   std::copy(kt, kt + 3, vt);  // V: the first Dv elements of K's rows (amx32)
@@ -449,9 +449,11 @@ void paged_decode_impl(const PagedDecodeParams& p) {
                 if (rows_v) {  // V's rows are K's (their first Dv elements) or their own
                   if constexpr (!std::is_same_v<scalar_t, float>)
                     vt[0] = v_in_k ? kt[0] : amx::tile_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
-                  const int pterms = kterms == 3 ? 3 : 2;
-                  amx::pack_p_halves(st.data(), n, Ga, pterms, pbuf.data());
-                  amx::pv_rows(Ga, p.Dv, n, pbuf.data(), pterms, vt, kterms, oa, pf);
+                  amx::pack_p_halves(st.data(), n, Ga, kterms == 3 ? 3 : 2, pbuf.data());
+                  if (kterms == 3)  // P's three terms against V's three (fp32), or two against V itself (bf16)
+                    amx::pv_rows<3, 3>(Ga, p.Dv, n, pbuf.data(), vt, oa, pf);
+                  else
+                    amx::pv_rows<2, 1>(Ga, p.Dv, n, pbuf.data(), vt, oa, pf);
                 } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
                   const int64_t np = amx::padded(n);
                   auto* hi = reinterpret_cast<amx::bf16*>(pbuf.data());
