@@ -282,8 +282,10 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   // three bf16 terms (amx::split_rows, exact), scored against the query's three, and P's three terms multiplied by
   // V's (the same split rows): six tile products for each, fp32 accuracy. (32K tokens, batch 16, alternated: MLA 16
   // heads 127-135 -> 118-124 ms, with w_uk 133-141 -> 124-127 ms; GQA 32q/2kv d128 84 -> 123 ms, which splits V's rows
-  // too and keeps the FMA kernels.)
-  const bool amx32 = std::is_same_v<scalar_t, float> && G == 16 && v_in_k && amx::fits(G, p.Dk, p.Dv);
+  // too and keeps the FMA kernels.) Where Linux refuses the tile state, an fp32 cache keeps the FMA kernels (as exact,
+  // and what it ran on before), while a bf16 one raises below.
+  const bool amx32 = std::is_same_v<scalar_t, float> && G == 16 && v_in_k && amx::fits(G, p.Dk, p.Dv) &&
+                     amx::request_permission();
   const bool amx = (std::is_same_v<scalar_t, c10::BFloat16> && amx::fits(G, p.Dk, p.Dv)) || amx32;
   TORCH_CHECK(!amx || amx::request_permission(), "paged_decode: Linux refused this process the AMX tile state "
               "(arch_prctl ARCH_REQ_XCOMP_PERM); rebuild with DCP_OPS_CPU_ISA=avx512bf16");
