@@ -1,5 +1,5 @@
 // AMX (Advanced Matrix Extensions) tile kernels for paged decode over a bf16 cache (and an fp32 MLA cache of 16 heads,
-// its rows split into three bf16 terms by split_row), in builds for the amx ISA level.
+// its rows split into three bf16 terms by split_rows), in builds for the amx ISA level.
 // TDPBF16PS multiplies bf16 pairs exactly and adds the products to fp32 tiles with fp32 additions, as vdpbf16ps does,
 // so results are those of fp32 arithmetic on the same values. Operands that are not exactly bf16 (an fp32 query
 // absorbed through w_uk, the fp32 probabilities) are split into sums of bf16 terms first: x = hi + lo leaves at
@@ -180,47 +180,38 @@ inline TileRows tile_rows(const Rows& rows, int64_t n, int64_t width, int64_t ro
   return a;
 }
 
-// An fp32 row of `width` elements (a multiple of 32) as three bf16 terms, term s at dst + s * plane; a null src gives
-// zeros (rows past a tile's tokens). Each term is the remainder truncated to bf16 (its low 16 bits cleared), so each
-// difference is exact and the last remainder, at most 8 significant bits, is a bf16 itself: x = hi + mid + lo exactly
-// (an inf gives NaN terms, a tile that exact_scores rescores).
-inline void split_row(const float* src, int64_t width, bf16* dst, int64_t plane) {
-  if (!src) {
-    for (int s = 0; s < 3; ++s) std::memset(static_cast<void*>(dst + s * plane), 0, width * sizeof(bf16));
-    return;
-  }
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  auto truncate = [&](__m512 x) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), high)); };
-  for (int64_t d = 0; d < width; d += 32) {
-    __m512 x0 = _mm512_loadu_ps(src + d), x1 = _mm512_loadu_ps(src + d + 16);
-    unrolled<3>([&](auto s) {
-      constexpr int S = decltype(s)::value;
-      const __m512 t0 = S < 2 ? truncate(x0) : x0, t1 = S < 2 ? truncate(x1) : x1;
-      _mm512_storeu_si512(dst + S * plane + d, (__m512i)_mm512_cvtne2ps_pbh(t1, t0));  // exact: t0, t1 are bf16
-      if (S < 2) x0 = _mm512_sub_ps(x0, t0), x1 = _mm512_sub_ps(x1, t1);
-    });
-  }
-}
-
-// Elements of the three terms of a tile's rows split by split_row: row i of term s at buf + s * plane + i * width.
-inline int64_t split_plane(int64_t width) { return 64 * width; }
-
-// The tiles of the three terms of a tile's rows in buf (split_row, rows of `width`).
-inline void split_tiles(const bf16* buf, int64_t width, TileRows (&terms)[3]) {
-  for (int s = 0; s < 3; ++s)
-    for (int64_t g = 0; g < 4; ++g) {
-      terms[s].base[g] = buf + s * split_plane(width) + g * kRows * width;
-      terms[s].stride[g] = width * static_cast<int64_t>(sizeof(bf16));
-    }
-}
-
-// rows(i) (fp32, i < n <= 64) split into three bf16 terms (split_row) in buf, rows n up to the group of 16 zero, and
-// the terms' tiles. (Prefetching rows 2 or 4 ahead into L1 or L2 here ran no faster: MLA 16 heads, 32K, batch 16.)
+// Copies of rows(i) (fp32, i < n <= 64, `width` elements, a multiple of 32) as three bf16 terms, term s row-major at
+// buf + s * 64 * width (rows n up to the group of 16 zero), and terms[s] its tiles. Each term is the remainder
+// truncated to bf16 (its low 16 bits cleared), so each difference is exact and the last remainder, at most 8
+// significant bits, is a bf16 itself: x = hi + mid + lo exactly (an inf gives NaN terms, a tile that exact_scores
+// rescores). (Prefetching rows 2 or 4 ahead into L1 or L2 here ran no faster: MLA 16 heads, 32K, batch 16.)
 template <typename Rows>
 inline void split_rows(const Rows& rows, int64_t n, int64_t width, bf16* buf, TileRows (&terms)[3]) {
-  for (int64_t i = 0; i < groups_of(n) * kRows; ++i)
-    split_row(i < n ? rows(i) : nullptr, width, buf + i * width, split_plane(width));
-  split_tiles(buf, width, terms);
+  const int64_t plane = 64 * width;
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  auto truncate = [&](__m512 x) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), high)); };
+  for (int64_t i = 0; i < groups_of(n) * kRows; ++i) {
+    bf16* dst = buf + i * width;
+    if (i >= n) {
+      for (int s = 0; s < 3; ++s) std::memset(static_cast<void*>(dst + s * plane), 0, width * sizeof(bf16));
+      continue;
+    }
+    const float* src = rows(i);
+    for (int64_t d = 0; d < width; d += 32) {
+      __m512 x0 = _mm512_loadu_ps(src + d), x1 = _mm512_loadu_ps(src + d + 16);
+      unrolled<3>([&](auto s) {
+        constexpr int S = decltype(s)::value;
+        const __m512 t0 = S < 2 ? truncate(x0) : x0, t1 = S < 2 ? truncate(x1) : x1;
+        _mm512_storeu_si512(dst + S * plane + d, (__m512i)_mm512_cvtne2ps_pbh(t1, t0));  // exact: t0, t1 are bf16
+        if (S < 2) x0 = _mm512_sub_ps(x0, t0), x1 = _mm512_sub_ps(x1, t1);
+      });
+    }
+  }
+  for (int s = 0; s < 3; ++s)
+    for (int64_t g = 0; g < 4; ++g) {
+      terms[s].base[g] = buf + s * plane + g * kRows * width;
+      terms[s].stride[g] = width * static_cast<int64_t>(sizeof(bf16));
+    }
 }
 
 // S^T rows [16 * TM] x heads [16 * TN] of one block: C tile (m, h) in tmm(m * TN + h). Per 32-wide chunk of Dk and
@@ -253,7 +244,7 @@ inline void score_block(const TileRows& a, int64_t Dk, const bf16* qb, int64_t G
 
 // score_block<TM, 1> for a query of three bf16 terms: the three B tiles of Q^T stay in tmm5-7 over each chunk of K,
 // so that each A tile of K is loaded once per chunk rather than once per term (one thread, 64 tokens, MLA 16 heads,
-// rows in L2: 1.8 -> 1.5 us). a[0 .. KT): K's bf16 terms (one for a bf16 cache, three for an fp32 one, split_row),
+// rows in L2: 1.8 -> 1.5 us). a[0 .. KT): K's bf16 terms (one for a bf16 cache, three for an fp32 one, split_rows),
 // term i against the query's terms j <= 2 - i. The products left out sum to under 2^-21 |q| |k| (fp32 rounds each
 // operation to 2^-24): a rounded term i is at most 2^(-8i) of the value, a truncated one under 2^(-7i).
 template <int TM, int KT, typename Hook>
@@ -289,7 +280,7 @@ inline void score_block3(const TileRows* a, int64_t Dk, const bf16* qb, int64_t 
 }
 
 // st[i * G + h] = K_i . Q_h for i < round_up(n, 16) (rows past n score zero rows), h < G, over every bf16 term of Q;
-// a[0 .. kterms): the tile's K rows (tile_rows), or their three bf16 terms (split_row: G == 16 and three query terms).
+// a[0 .. kterms): the tile's K rows (tile_rows), or their three bf16 terms (split_rows: G == 16 and three query terms).
 // hook() runs after every 32-wide chunk of K (prefetches of the next tile).
 template <typename Hook>
 inline void scores(int64_t n, int64_t G, int64_t Dk, const TileRows* a, int kterms, const bf16* qb, int terms,
@@ -450,7 +441,7 @@ inline void pv_rows_block(const uint32_t* pa, int64_t groups, const TileRows* v,
   unrolled<2 * NC>([&](auto c) { store<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
 }
 
-// O [G x Dv] += P [G x n] * V with V's B tiles read from its rows (v[0 .. VT): tile_rows or split_tiles, width >= Dv)
+// O [G x Dv] += P [G x n] * V with V's B tiles read from its rows (v[0 .. VT): tile_rows or split_rows, width >= Dv)
 // and P from pack_p_halves (PT terms: 2 against a bf16 V, 3 against an fp32 one's three); O's columns even / odd apart
 // per 32 (interleave_row). hook() runs after every 64 columns.
 template <int PT, int VT, typename Hook>

@@ -436,27 +436,25 @@ void paged_decode_impl(const PagedDecodeParams& p) {
                 auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
                 auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
                 float* oa = o + kvh * Ga * p.Dv;
-                amx::TileRows kt[3], vt[3];  // K's and V's tiles: cache rows (bf16), or their three bf16 terms (fp32)
-                if constexpr (std::is_same_v<scalar_t, float>) {
+                amx::TileRows kt[3];  // K's tiles: the cache rows (bf16), or their three bf16 terms (fp32)
+                if constexpr (std::is_same_v<scalar_t, float>)
                   amx::split_rows(krow, n, p.Dk, kbuf.data(), kt);
-                  std::copy(kt, kt + 3, vt);  // V: the first Dv elements of K's rows (amx32)
-                } else {
+                else
                   kt[0] = amx::tile_rows(krow, n, p.Dk, p.k_st, kbuf.data());
-                }
                 amx::scores(n, Ga, p.Dk, kt, kterms, qb.data() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
                 if (qterms > 1 && !all_finite(st.data(), n * Ga))
                   exact_scores(n, G, Ga, p.Dk, krow, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, st.data());
                 if (p.q_exact_bf16) scale_scores(st.data(), n * Ga, p.q_mult);
                 softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, oa, p.Dv, alpha.data());
-                if (rows_v) {  // V's rows are K's (their first Dv elements) or their own
-                  if constexpr (!std::is_same_v<scalar_t, float>)
-                    vt[0] = v_in_k ? kt[0] : amx::tile_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
-                  amx::pack_p_halves(st.data(), n, Ga, kterms == 3 ? 3 : 2, pbuf.data());
-                  if (kterms == 3)  // P's three terms against V's three (fp32), or two against V itself (bf16)
-                    amx::pv_rows<3, 3>(Ga, p.Dv, n, pbuf.data(), vt, oa, pf);
-                  else
-                    amx::pv_rows<2, 1>(Ga, p.Dv, n, pbuf.data(), vt, oa, pf);
-                } else if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+                if constexpr (std::is_same_v<scalar_t, float>) {
+                  // P's three terms against V's: the first Dv elements of K's split rows (amx32 takes v_in_k)
+                  amx::pack_p_halves(st.data(), n, Ga, 3, pbuf.data());
+                  amx::pv_rows<3, 3>(Ga, p.Dv, n, pbuf.data(), kt, oa, pf);
+                } else if (rows_v) {  // P's two terms against V's rows: K's (their first Dv elements) or their own
+                  const amx::TileRows vt = v_in_k ? kt[0] : amx::tile_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
+                  amx::pack_p_halves(st.data(), n, Ga, 2, pbuf.data());
+                  amx::pv_rows<2, 1>(Ga, p.Dv, n, pbuf.data(), &vt, oa, pf);
+                } else {
                   const int64_t np = amx::padded(n);
                   auto* hi = reinterpret_cast<amx::bf16*>(pbuf.data());
                   amx::pack_p(st.data(), n, Ga, np, hi, hi + Ga * np);
