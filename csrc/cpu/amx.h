@@ -15,7 +15,9 @@
 //           - V's B tiles are the cache rows themselves (pv_rows, up to kRowsVMaxHeads heads per KV head): a row holds
 //             pairs of adjacent dims, so P goes in the low half of each dword against the even dims and in the high
 //             half against the odd ones (the other half zero), two products per tile and term, O's columns kept
-//             even / odd apart per 32 (interleave_row puts them back);
+//             even / odd apart per 32 (interleave_row puts them back); at most 8 heads (pv_stacked) fit both halves
+//             in one A tile, the low halves in rows 0-7 and the high halves in rows 8-15, one product per tile and
+//             term;
 //           - V packed in pairs of token rows (pack_v, pv): one product per tile and term, for many heads per KV head,
 //             where the packing is shared by all their tiles.
 #pragma once
@@ -48,9 +50,10 @@ inline bool request_permission() {
   return granted;
 }
 
-// Whether these kernels take a problem: at least 8 heads per KV head (fewer would leave most of a 16-row tile idle),
-// K and V row widths multiples of 32.
-inline bool fits(int64_t G, int64_t Dk, int64_t Dv) { return G >= 8 && Dk % kPair == 0 && Dv % kPair == 0; }
+// Whether these kernels take a problem: K and V row widths multiples of 32. Any number of heads per KV head: the score
+// tiles of fewer than 16 leave columns idle, yet at 32K tokens, batch 1 and 16, d128, they ran faster than the
+// FMA kernels (bf16 dot products) for 1, 2, 4 and 6 heads too (1.3x, 1.3x, 1.5x, 1.5-1.7x), P.V by pv_stacked.
+inline bool fits(int64_t Dk, int64_t Dv) { return Dk % kPair == 0 && Dv % kPair == 0; }
 
 // Most heads per KV head (padded) whose P.V reads V's B tiles from the cache rows in place (pv_rows), at twice the
 // tile products of pv over V packed by pack_v, whose cost more head tiles share. Per 64 tokens, one thread, rows in
@@ -459,15 +462,80 @@ inline void pv_rows(int64_t G, int64_t Dv, int64_t n, const uint32_t* pa, const 
   }
 }
 
-// dst [Dv] = a row of pv_rows' O in the natural column order: dst[c * 32 + 2j + e] = src[c * 32 + e * 16 + j].
-inline void interleave_row(const float* src, int64_t Dv, float* dst) {
+// Most heads per KV head (padded or not) whose P.V runs as pv_stacked: both halves of P's dwords in one A tile.
+constexpr int64_t kStackedMaxHeads = 8;
+
+// Dwords of the A tiles pack_p_stacked writes for n tokens and `terms` bf16 terms of P: one tile per group of 16
+// tokens and term.
+inline int64_t p_stacked_size(int64_t n, int terms) { return groups_of(n) * terms * 256; }
+
+// P for pv_stacked from the probabilities st [n x G] (S^T layout; heads 0-7 taken), zero past token n, as `terms`
+// bf16 terms: tile grp * terms + s holds term s of P[h][token k] in dword k of row h in its low half (against the
+// even dims of a V row) and of row 8 + h in its high half (the odd dims), the other half zero.
+inline void pack_p_stacked(const float* st, int64_t n, int64_t G, int terms, uint32_t* pa) {
+  for (int64_t grp = 0; grp < groups_of(n); ++grp) {
+    __m512 r[16];
+    load_transposed(st, n, G, grp * kRows, 0, r);
+    uint32_t* t = pa + grp * terms * 256;
+    for (int64_t h = 0; h < kStackedMaxHeads; ++h) {
+      __m256i parts[3];
+      split(r[h], terms, parts);
+      for (int s = 0; s < terms; ++s) {
+        const __m512i low = _mm512_cvtepu16_epi32(parts[s]);
+        _mm512_storeu_si512(t + s * 256 + h * 16, low);
+        _mm512_storeu_si512(t + s * 256 + (h + kStackedMaxHeads) * 16, _mm512_slli_epi32(low, 16));
+      }
+    }
+  }
+}
+
+// O of NC chunks of 32 dims from dim d0 (C tiles 0 .. NC): load, add P.V over the groups of 16 tokens, store. Chunk c
+// is the 16 columns from (d0 + 32c) / 2 of o's rows: the even dims of head h in row h, its odd dims in row 8 + h.
+template <int NC, int PT>
+inline void pv_stacked_block(const uint32_t* pa, int64_t groups, const TileRows& v, int64_t Dv, int64_t d0, float* o) {
+  static_assert(PT <= 2, "two A tiles");
+  const int64_t ostride = Dv * static_cast<int64_t>(sizeof(float));
+  constexpr int64_t pstride = 16 * sizeof(uint32_t);
+  unrolled<NC>([&](auto c) { load<decltype(c)::value>(o + d0 / 2 + decltype(c)::value * 16, ostride); });
+  for (int64_t g = 0; g < groups; ++g) {
+    unrolled<PT>([&](auto i) { load<4 + decltype(i)::value>(pa + (g * PT + decltype(i)::value) * 256, pstride); });
+    unrolled<NC>([&](auto c) {
+      constexpr int C = decltype(c)::value, bt = 6 + (C & 1);
+      load<bt>(v.base[g] + d0 + C * 32, v.stride[g]);
+      unrolled<PT>([&](auto i) { dp<C, 4 + decltype(i)::value, bt>(); });
+    });
+  }
+  unrolled<NC>([&](auto c) { store<decltype(c)::value>(o + d0 / 2 + decltype(c)::value * 16, ostride); });
+}
+
+// O [16 x Dv] += P [8 x n] * V for at most 8 heads, V's B tiles read from its rows (tile_rows, width >= Dv) and P
+// from pack_p_stacked (PT terms); O as pv_stacked_block lays it out (interleave_row(o + h * Dv, o + (8 + h) * Dv, 16,
+// ...) gives head h). hook() runs after every 128 dims.
+template <int PT, typename Hook>
+inline void pv_stacked(int64_t Dv, int64_t n, const uint32_t* pa, const TileRows& v, float* o, Hook& hook) {
+  const int64_t groups = groups_of(n);
+  for (int64_t d0 = 0; d0 < Dv; d0 += 128) {
+    switch (std::min<int64_t>(4, (Dv - d0) / 32)) {  // Dv is a multiple of 32
+      case 1: pv_stacked_block<1, PT>(pa, groups, v, Dv, d0, o); break;
+      case 2: pv_stacked_block<2, PT>(pa, groups, v, Dv, d0, o); break;
+      case 3: pv_stacked_block<3, PT>(pa, groups, v, Dv, d0, o); break;
+      default: pv_stacked_block<4, PT>(pa, groups, v, Dv, d0, o); break;
+    }
+    hook();
+  }
+}
+
+// dst [Dv] = one head's row of P.V in the natural column order from its even and odd dims, 16 of each per chunk of 32
+// dims, `step` floats apart from chunk to chunk: dst[c * 32 + 2j] = even[c * step + j], dst[c * 32 + 2j + 1] =
+// odd[c * step + j] (pv_rows: even = a row, odd = even + 16, step 32; pv_stacked: rows h and 8 + h, step 16).
+inline void interleave_row(const float* even, const float* odd, int64_t step, int64_t Dv, float* dst) {
   alignas(64) static const int32_t kLo[16] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
   const __m512i lo_idx = _mm512_load_si512(kLo);
   const __m512i hi_idx = _mm512_add_epi32(lo_idx, _mm512_set1_epi32(8));
-  for (int64_t c = 0; c < Dv; c += 32) {
-    const __m512 even = _mm512_loadu_ps(src + c), odd = _mm512_loadu_ps(src + c + 16);
-    _mm512_storeu_ps(dst + c, _mm512_permutex2var_ps(even, lo_idx, odd));
-    _mm512_storeu_ps(dst + c + 16, _mm512_permutex2var_ps(even, hi_idx, odd));
+  for (int64_t c = 0; c < Dv / 32; ++c) {
+    const __m512 e = _mm512_loadu_ps(even + c * step), o = _mm512_loadu_ps(odd + c * step);
+    _mm512_storeu_ps(dst + c * 32, _mm512_permutex2var_ps(e, lo_idx, o));
+    _mm512_storeu_ps(dst + c * 32 + 16, _mm512_permutex2var_ps(e, hi_idx, o));
   }
 }
 
