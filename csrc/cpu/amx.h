@@ -127,16 +127,29 @@ inline void unrolled(F&& f) {
 // Elements of packed Q^T for one KV head and one bf16 term: Dk / 2 pairs of rows by G heads by 2.
 inline int64_t q_size(int64_t G, int64_t Dk) { return Dk * G; }
 
-// Packs Q^T of G heads (q rows of Dk fp32 at stride q_sh, times mult) for the score tiles as `terms` bf16 terms, in
-// Ga >= G columns (zero past G): qb[(s * Dk / 2 + r) * Ga + g][e] = term s of q[g][2r + e] * mult.
+// Packs Q^T of G heads (q rows of Dk fp32 at stride q_sh, times mult; Dk a multiple of 32) for the score tiles as
+// `terms` bf16 terms, in Ga >= G columns: qb[(s * Dk / 2 + r) * Ga + g][e] = term s of q[g][2r + e] * mult. Each term
+// is the remainder rounded to nearest even, and the remainder after it is exact. Columns past G are zero, so that the
+// padded heads' scores (computed and dropped) stay finite and send no tile to the recomputes for non-finite values.
+// (Vectorised, one scatter of 16 pairs per term: at 64 tokens, batch 1, rows in cache, an MLA call with 16 heads went
+// 0.055 -> 0.033 ms, 0.182 -> 0.147 with w_uk's three terms.)
 inline void pack_q(int64_t G, int64_t Ga, int64_t Dk, const float* q, int64_t q_sh, float mult, int terms, bf16* qb) {
-  for (int64_t g = 0; g < Ga; ++g)
-    for (int64_t d = 0; d < Dk; ++d) {
-      float rest = g < G ? q[g * q_sh + d] * mult : 0.f;
+  if (G < Ga) std::memset(static_cast<void*>(qb), 0, terms * Dk * Ga * sizeof(bf16));
+  auto* qd = reinterpret_cast<int32_t*>(qb);  // dword (s * Dk / 2 + r) * Ga + g: the pair (2r, 2r + 1) of head g
+  const __m512i pairs = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(static_cast<int>(Ga)));  // 16 pairs of dims, Ga apart
+  const __m512 mv = _mm512_set1_ps(mult);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < Dk; d += 32) {
+      __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(q + g * q_sh + d), mv);
+      __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(q + g * q_sh + d + 16), mv);
+      auto as_fp32 = [](__m256i p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(p), 16)); };
       for (int s = 0; s < terms; ++s) {
-        const bf16 part(rest);  // round to nearest even
-        qb[s * Dk * Ga + ((d / 2) * Ga + g) * 2 + d % 2] = part;
-        rest -= static_cast<float>(part);  // exact: the rounding error of the part just taken
+        const __m256i p0 = (__m256i)_mm512_cvtneps_pbh(x0), p1 = (__m256i)_mm512_cvtneps_pbh(x1);  // nearest even
+        _mm512_i32scatter_epi32(qd + (s * Dk / 2 + d / 2) * Ga + g, pairs,
+                                _mm512_inserti64x4(_mm512_castsi256_si512(p0), p1, 1), 4);
+        x0 = _mm512_sub_ps(x0, as_fp32(p0));  // exact: the rounding error of the part just taken
+        x1 = _mm512_sub_ps(x1, as_fp32(p1));
       }
     }
 }
