@@ -12,10 +12,12 @@ columns. The op and the probes thereby see the same phases of the machine. Every
 with the caches flushed, as a decode step finds a layer's KV cache; the merge rows are not flushed (their 16 MiB
 inputs have just arrived from the exchange), though the torch merge timed between their calls evicts part of them.
 
-The KV caches (and every other tensor of 2 MiB or more) are allocated in 2 MiB transparent huge pages, as an engine
-keeping a long-lived multi-GB cache should: the cache is read in random block order, and with 4 KiB pages every block
-costs TLB walks (GQA, 32K tokens, bf16, batch 16 on the machine of RESULTS.md: 66-67 ms against 75-83 ms with 4 KiB
-pages). torch does this when THP_MEM_ALLOC_ENABLE=1 is set before its first allocation; `--4k-pages` leaves it off.
+The KV caches are allocated in 2 MiB transparent huge pages, as an engine keeping a long-lived multi-GB cache should:
+the cache is read in random block order, and with 4 KiB pages every block costs TLB walks (GQA, 32K tokens, bf16, batch
+16 on the machine of RESULTS.md: 66-67 ms against 75-83 ms with 4 KiB pages). torch does this when
+THP_MEM_ALLOC_ENABLE=1 is set before its first allocation; `--4k-pages` leaves it off. torch does not align such
+allocations to 2 MiB, so a tensor gets huge pages only for the aligned 2 MiB ranges it spans whole: the multi-MiB
+caches nearly all of theirs, the 16-head w_uk (exactly 2 MiB in bf16) none, as a weight loaded by itself would.
 The header says which pages the run got (the OS may refuse huge pages).
 
     python bench/bench_cpu.py [--quick] [--json PATH] [--4k-pages]
