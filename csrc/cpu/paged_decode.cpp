@@ -370,13 +370,15 @@ void paged_decode_impl(const PagedDecodeParams& p) {
         vf(convert && !v_in_k ? new float[kTileMax * p.Dv] : nullptr);
 #if defined(DCP_OPS_AMX)
     // AMX: the tile configuration for this thread; copies of unevenly strided K rows (bf16) or the three terms of
-    // every K row (fp32); V for P.V (pack_v's pairs, or copies of unevenly strided V rows for pv_rows); P's terms
-    // (pack_p's, or pack_p_halves' dwords)
+    // every K row (fp32); V for P.V (pack_v's pairs, or copies of unevenly strided V rows for pv_rows / pv_stacked);
+    // P's terms (pack_p's, or pack_p_halves' or pack_p_stacked's dwords)
     std::optional<amx::TileScope> tiles;
     if (amx) tiles.emplace();
     const int kterms = amx32 ? 3 : 1;  // bf16 terms of each cache element in the tiles
     LineVector<amx::bf16> kbuf(amx ? kterms * kTileMax * p.Dk : 0), vbuf(amx ? p.Dv / 16 * amx::v_tile(kTileMax) : 0);
-    LineVector<uint32_t> pbuf(amx ? std::max(Ga * kTileMax, amx::p_halves_size(Ga, kTileMax, kterms == 3 ? 3 : 2)) : 0);
+    LineVector<uint32_t> pbuf(amx ? std::max({Ga * kTileMax, amx::p_halves_size(Ga, kTileMax, kterms == 3 ? 3 : 2),
+                                              amx::p_stacked_size(kTileMax, 2)})
+                                  : 0);
 #endif
     for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
