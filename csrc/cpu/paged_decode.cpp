@@ -341,17 +341,9 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   const auto* kc = static_cast<const scalar_t*>(p.k);
   const auto* vc = static_cast<const scalar_t*>(p.v);
 #if defined(DCP_OPS_AMX)
-  // Q^T of every (token, KV head) packed for the score tiles once, before the items (which share it by token).
+  // Elements of one KV head's Q^T packed for the score tiles (16 columns per KV head whatever G: 16x the query's
+  // size with one head per KV head, so it is packed per thread for the token at hand, not for the whole batch).
   const int64_t qb_size = qterms * amx::q_size(Ga, p.Dk);
-  LineVector<amx::bf16> qb(amx ? p.T * p.Hkv * qb_size : 0);
-  if (amx)
-    at::parallel_for(0, p.T * p.Hkv, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t th = begin; th < end; ++th) {
-        const int64_t t = th / p.Hkv, kvh = th % p.Hkv;
-        amx::pack_q(G, Ga, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh,
-                    p.q_exact_bf16 ? 1.f / p.q_mult : 1.f, qterms, qb.data() + th * qb_size);
-      }
-    });
 #endif
 
   at::parallel_for(0, std::min(threads, items), 1, [&](int64_t, int64_t) {
@@ -376,6 +368,8 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     if (amx) tiles.emplace();
     const int kterms = amx32 ? 3 : 1;  // bf16 terms of each cache element in the tiles
     LineVector<amx::bf16> kbuf(amx ? kterms * kTileMax * p.Dk : 0), vbuf(amx ? p.Dv / 16 * amx::v_tile(kTileMax) : 0);
+    LineVector<amx::bf16> qb(amx ? p.Hkv * qb_size : 0);  // token qb_token's Q^T, every KV head
+    int64_t qb_token = -1;
     LineVector<uint32_t> pbuf(amx ? std::max({Ga * kTileMax, amx::p_halves_size(Ga, kTileMax, kterms == 3 ? 3 : 2),
                                               amx::p_stacked_size(kTileMax, 2)})
                                   : 0);
@@ -388,6 +382,14 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       float* o = acc_o.data();
       float* m = acc_m.data();
       float* l = acc_l.data();
+#if defined(DCP_OPS_AMX)
+      if (j0 < j1 && amx && qb_token != t) {  // (a thread's next item is often of the same token)
+        for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
+          amx::pack_q(G, Ga, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, p.q_exact_bf16 ? 1.f / p.q_mult : 1.f,
+                      qterms, qb.data() + kvh * qb_size);
+        qb_token = t;
+      }
+#endif
       if (j0 < j1 && (!amx || amx32)) {  // (an fp32 item may be recomputed without AMX, below)
         if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
           const float inv = 1.f / p.q_mult;
@@ -447,7 +449,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
                   amx::split_rows(krow, n, p.Dk, kbuf.data(), kt);
                 else
                   kt[0] = amx::tile_rows(krow, n, p.Dk, p.k_st, kbuf.data());
-                amx::scores(n, Ga, p.Dk, kt, kterms, qb.data() + (t * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
+                amx::scores(n, Ga, p.Dk, kt, kterms, qb.data() + kvh * qb_size, qterms, st.data(), pf);
                 if (qterms > 1 && !all_finite(st.data(), n * Ga))
                   exact_scores(n, G, Ga, p.Dk, krow, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, st.data());
                 if (p.q_exact_bf16) scale_scores(st.data(), n * Ga, p.q_mult);
