@@ -290,15 +290,16 @@ def test_nonfinite_value_stays_in_its_dims(case, dt):
     assert_lse_matches(lse[fine], r_lse[fine], "finite lse")
 
 
-@pytest.mark.parametrize("case", ["gqa1_d64", "gqa4_d128", "gqa8_d128", "gqa8_d160", "gqa12_d64", "gqa16_d96", "gqa24_d256", "mla8_w_uk",
-                                  "mla16", "mla16_w_uk", "mla32_w_uk", "mla128_w_uk_uv"])
+@pytest.mark.parametrize("case", ["gqa1_d64", "gqa4_d128", "gqa8_d128", "gqa8_d160", "gqa12_d64", "gqa16_d96",
+                                  "gqa24_d256", "mla8_w_uk", "mla16", "mla16_w_uk", "mla32_w_uk", "mla128_w_uk_uv"])
 @pytest.mark.parametrize("block_size", [1, 16, 48, 64])
 def test_bf16_cache_on_tile_kernels(case, block_size):
     """A bf16 cache with row widths that are multiples of 32: in builds for the amx ISA level both GEMMs run on AMX
     tiles (csrc/cpu/amx.h). Covers whole and partial groups of 16 tokens, rows read in place (evenly strided) and
-    copied (block sizes 1 and 48 break a group of 16 across blocks), heads padded to 16 (1, 4, 8, 12, 24), a query absorbed through w_uk (three bf16 terms) and a bf16 one (one term), at 3x the softmax scale,
+    copied (block sizes 1 and 48 break a group of 16 across blocks), heads padded to 16 (1, 4, 8, 12, 24), a query
+    absorbed through w_uk (three bf16 terms) and a bf16 one (one term), at 3x the softmax scale,
     P.V with V's tiles read from the cache rows (up to 32 heads per KV head: pv_rows, O's columns even / odd apart;
-    d96 ends on a lone chunk of 32 dims; 8 heads: pv_stacked, even and odd dims in one tile's two halves of rows, in
+    d96 ends on a lone chunk of 32 dims; up to 8 heads: pv_stacked, even and odd dims in one tile's two halves of rows, in
     blocks of 128 dims, d160 ending on a block of one chunk) and from V packed in pairs of rows (128 heads).
     Slots past each sequence are NaN, so a tile row read past a sequence fails."""
     gen = torch.Generator().manual_seed(block_size * 7 + len(case))

@@ -127,9 +127,19 @@ inline void unrolled(F&& f) {
 // Elements of packed Q^T for one KV head and one bf16 term: Dk / 2 pairs of rows by G heads by 2.
 inline int64_t q_size(int64_t G, int64_t Dk) { return Dk * G; }
 
+// x = t[0] + ... + t[terms - 1] in bf16 terms, each the remainder rounded to nearest even: two leave at most 2^-16 |x|
+// behind, three nothing.
+inline void split(__m512 x, int terms, __m256i* t) {
+  for (int s = 0; s < terms; ++s) {
+    t[s] = (__m256i)_mm512_cvtneps_pbh(x);
+    if (s + 1 < terms)
+      x = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(t[s]), 16)));  // t[s] as fp32
+  }
+}
+
 // Packs Q^T of G heads (q rows of Dk fp32 at stride q_sh, times mult; Dk a multiple of 32) for the score tiles as
 // `terms` bf16 terms, in Ga >= G columns: qb[(s * Dk / 2 + r) * Ga + g][e] = term s of q[g][2r + e] * mult. Each term
-// is the remainder rounded to nearest even, and the remainder after it is exact. Columns past G are zero, so that the
+// is the remainder rounded to nearest even (split), and the remainder after it is exact. Columns past G are zero, so that the
 // padded heads' scores (computed and dropped) stay finite and send no tile to the recomputes for non-finite values.
 // (Vectorised, one scatter of 16 pairs per term: at 64 tokens, batch 1, rows in cache, an MLA call with 16 heads went
 // 0.055 -> 0.033 ms, 0.182 -> 0.147 with w_uk's three terms.)
@@ -141,16 +151,12 @@ inline void pack_q(int64_t G, int64_t Ga, int64_t Dk, const float* q, int64_t q_
   const __m512 mv = _mm512_set1_ps(mult);
   for (int64_t g = 0; g < G; ++g)
     for (int64_t d = 0; d < Dk; d += 32) {
-      __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(q + g * q_sh + d), mv);
-      __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(q + g * q_sh + d + 16), mv);
-      auto as_fp32 = [](__m256i p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(p), 16)); };
-      for (int s = 0; s < terms; ++s) {
-        const __m256i p0 = (__m256i)_mm512_cvtneps_pbh(x0), p1 = (__m256i)_mm512_cvtneps_pbh(x1);  // nearest even
+      __m256i lo[3], hi[3];  // the terms of dims d .. d + 15 and d + 16 .. d + 31
+      split(_mm512_mul_ps(_mm512_loadu_ps(q + g * q_sh + d), mv), terms, lo);
+      split(_mm512_mul_ps(_mm512_loadu_ps(q + g * q_sh + d + 16), mv), terms, hi);
+      for (int s = 0; s < terms; ++s)
         _mm512_i32scatter_epi32(qd + (s * Dk / 2 + d / 2) * Ga + g, pairs,
-                                _mm512_inserti64x4(_mm512_castsi256_si512(p0), p1, 1), 4);
-        x0 = _mm512_sub_ps(x0, as_fp32(p0));  // exact: the rounding error of the part just taken
-        x1 = _mm512_sub_ps(x1, as_fp32(p1));
-      }
+                                _mm512_inserti64x4(_mm512_castsi256_si512(lo[s]), hi[s], 1), 4);
     }
 }
 
@@ -370,16 +376,6 @@ inline void transpose16(__m512 (&r)[16]) {
 inline void load_transposed(const float* st, int64_t n, int64_t G, int64_t i0, int64_t g0, __m512 (&r)[16]) {
   for (int64_t i = 0; i < 16; ++i) r[i] = i0 + i < n ? _mm512_loadu_ps(st + (i0 + i) * G + g0) : _mm512_setzero_ps();
   transpose16(r);
-}
-
-// x = t[0] + ... + t[terms - 1] in bf16 terms, each the remainder rounded to nearest even: two leave at most 2^-16 |x|
-// behind, three nothing.
-inline void split(__m512 x, int terms, __m256i* t) {
-  for (int s = 0; s < terms; ++s) {
-    t[s] = (__m256i)_mm512_cvtneps_pbh(x);
-    if (s + 1 < terms)
-      x = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(t[s]), 16)));  // t[s] as fp32
-  }
 }
 
 // P [G x np] as hi + lo bf16 terms from the probabilities st [n x G] (S^T layout); columns n .. np are zero.

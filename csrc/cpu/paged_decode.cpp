@@ -293,10 +293,10 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   const bool v_rows = amx && Ga <= amx::kRowsVMaxHeads;  // P.V by pv_rows: O's columns even / odd apart per 32
   // ... or, for at most 8 heads of a bf16 cache, by pv_stacked: both halves of P's dwords in one A tile, half the
   // products and P's tiles (32K tokens, GQA 16q/2kv d128, alternated: batch 1 3.0 -> 2.8 ms, batch 16 45.6 -> 40.3).
-  const int64_t amx_stacked_heads = amx32 ? 0 : amx::kStackedMaxHeads;
+  const bool stack_fits = amx && !amx32 && G <= amx::kStackedMaxHeads;
 #else
   constexpr bool amx = false, amx32 = false, v_rows = false;
-  constexpr int64_t amx_stacked_heads = 0;
+  constexpr bool stack_fits = false;
   const int64_t Ga = G;
 #endif
   const int64_t Hqa = p.Hkv * Ga;
@@ -420,7 +420,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       // The item's tiles: on AMX (use_amx) with P.V on V's rows in place (pv_rows) or on V packed (pack_v, pv), or
       // on the fp32 FMA kernels.
       auto run = [&](bool use_amx, bool rows_v) {
-        const bool stacked = rows_v && G <= amx_stacked_heads;
+        const bool stacked = rows_v && stack_fits;
         std::fill(o, o + Hqa * p.Dv, 0.f);
         std::fill(m, m + Hqa, kNegInf);
         std::fill(l, l + Hqa, 0.f);
@@ -540,17 +540,13 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {  // the first G of each KV head's Ga heads
         float* dst = part_o.get() + (item * p.Hq + kvh * G) * p.Dv;
 #if defined(DCP_OPS_AMX)
-        if (rows_v && G <= amx_stacked_heads)
+        if (rows_v) {  // odd dims 16 columns on (pv_rows) or 8 rows down (pv_stacked)
+          const int64_t odd = stack_fits ? amx::kStackedMaxHeads * p.Dv : 16, step = stack_fits ? 16 : 32;
           for (int64_t g = 0; g < G; ++g) {
             const float* even = o + (kvh * Ga + g) * p.Dv;
-            amx::interleave_row(even, even + amx::kStackedMaxHeads * p.Dv, 16, p.Dv, dst + g * p.Dv);
+            amx::interleave_row(even, even + odd, step, p.Dv, dst + g * p.Dv);
           }
-        else if (rows_v)
-          for (int64_t g = 0; g < G; ++g) {
-            const float* even = o + (kvh * Ga + g) * p.Dv;
-            amx::interleave_row(even, even + 16, 32, p.Dv, dst + g * p.Dv);
-          }
-        else
+        } else
 #endif
           std::copy(o + kvh * Ga * p.Dv, o + (kvh * Ga + G) * p.Dv, dst);
         std::copy(m + kvh * Ga, m + kvh * Ga + G, part_m.get() + item * p.Hq + kvh * G);
