@@ -237,7 +237,8 @@ inline void split_rows(const Rows& rows, int64_t n, int64_t width, bf16* buf, Ti
 }
 
 // S^T rows [16 * TM] x heads [16 * TN] of one block: C tile (m, h) in tmm(m * TN + h). Per 32-wide chunk of Dk and
-// per bf16 term of Q: the TN B tiles of Q^T, then each A tile of K against them. hook() runs after every chunk.
+// per bf16 term of Q: the TN B tiles of Q^T, then each A tile of K against them. hook() runs after every A tile's
+// products (the prefetches of the next tile, a few lines at a time).
 template <int TM, int TN, typename Hook>
 inline void score_block(const TileRows& a, int64_t Dk, const bf16* qb, int64_t G, int64_t h0, int terms, float* st,
                         Hook& hook) {
@@ -252,9 +253,9 @@ inline void score_block(const TileRows& a, int64_t Dk, const bf16* qb, int64_t G
         constexpr int M = decltype(m)::value, at = 4 + (M & 1);
         load<at>(a.base[M] + k, a.stride[M]);
         unrolled<TN>([&](auto h) { dp<M * TN + decltype(h)::value, at, 6 + decltype(h)::value>(); });
+        hook();
       });
     }
-    hook();
   }
   unrolled<TM>([&](auto m) {
     unrolled<TN>([&](auto h) {
@@ -292,8 +293,8 @@ inline void score_block3(const TileRows* a, int64_t Dk, const bf16* qb, int64_t 
         load<4>(a[2].base[M] + k, a[2].stride[M]);
         dp<M, 4, 5>();
       }
+      hook();
     });
-    hook();
   }
   unrolled<TM>([&](auto m) {
     constexpr int M = decltype(m)::value;
@@ -303,7 +304,7 @@ inline void score_block3(const TileRows* a, int64_t Dk, const bf16* qb, int64_t 
 
 // st[i * G + h] = K_i . Q_h for i < round_up(n, 16) (rows past n score zero rows), h < G, over every bf16 term of Q;
 // a[0 .. kterms): the tile's K rows (tile_rows), or their three bf16 terms (split_rows: G == 16 and three query terms).
-// hook() runs after every 32-wide chunk of K (prefetches of the next tile).
+// hook() runs after every A tile's products (prefetches of the next tile).
 template <typename Hook>
 inline void scores(int64_t n, int64_t G, int64_t Dk, const TileRows* a, int kterms, const bf16* qb, int terms,
                    float* st, Hook& hook) {
@@ -423,9 +424,11 @@ inline void pack_p_halves(const float* st, int64_t n, int64_t G, int terms, uint
 // O rows of one head tile, NC chunks of 32 dims from column d0 (o's columns even / odd apart per chunk: C tiles
 // 2c, 2c + 1): load, add P.V over the groups of 16 tokens, store. B tiles: V's rows in place (32 dims), v[0 .. VT)
 // its bf16 terms (one for a bf16 V, three for an fp32 one); A tiles: pack_p_halves' PT terms of P, term i of P
-// against V's terms j <= 2 - i (the products left out sum to under 2^-21 |p| |v|, as in score_block3).
-template <int NC, int PT, int VT>
-inline void pv_rows_block(const uint32_t* pa, int64_t groups, const TileRows* v, int64_t Dv, int64_t d0, float* o) {
+// against V's terms j <= 2 - i (the products left out sum to under 2^-21 |p| |v|, as in score_block3). hook() runs
+// after every group's products.
+template <int NC, int PT, int VT, typename Hook>
+inline void pv_rows_block(const uint32_t* pa, int64_t groups, const TileRows* v, int64_t Dv, int64_t d0, float* o,
+                          Hook& hook) {
   const int64_t ostride = Dv * static_cast<int64_t>(sizeof(float));
   constexpr int64_t pstride = 16 * sizeof(uint32_t);
   unrolled<2 * NC>([&](auto c) { load<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
@@ -449,13 +452,14 @@ inline void pv_rows_block(const uint32_t* pa, int64_t groups, const TileRows* v,
         }
       });
     });
+    hook();
   }
   unrolled<2 * NC>([&](auto c) { store<decltype(c)::value>(o + d0 + decltype(c)::value * 16, ostride); });
 }
 
 // O [G x Dv] += P [G x n] * V with V's B tiles read from its rows (v[0 .. VT): tile_rows or split_rows, width >= Dv)
 // and P from pack_p_halves (PT terms: 2 against a bf16 V, 3 against an fp32 one's three); O's columns even / odd apart
-// per 32 (interleave_row). hook() runs after every 64 columns.
+// per 32 (interleave_row). hook() runs after every group of 16 tokens' products.
 template <int PT, int VT, typename Hook>
 inline void pv_rows(int64_t G, int64_t Dv, int64_t n, const uint32_t* pa, const TileRows* v, float* o, Hook& hook) {
   const int64_t groups = groups_of(n);
@@ -463,11 +467,8 @@ inline void pv_rows(int64_t G, int64_t Dv, int64_t n, const uint32_t* pa, const 
     const uint32_t* ph = pa + (h0 / 16) * groups * 2 * PT * 256;
     float* oh = o + h0 * Dv;
     int64_t d0 = 0;
-    for (; d0 + 64 <= Dv; d0 += 64) {
-      pv_rows_block<2, PT, VT>(ph, groups, v, Dv, d0, oh);
-      hook();
-    }
-    if (d0 < Dv) pv_rows_block<1, PT, VT>(ph, groups, v, Dv, d0, oh);  // Dv is a multiple of 32
+    for (; d0 + 64 <= Dv; d0 += 64) pv_rows_block<2, PT, VT>(ph, groups, v, Dv, d0, oh, hook);
+    if (d0 < Dv) pv_rows_block<1, PT, VT>(ph, groups, v, Dv, d0, oh, hook);  // Dv is a multiple of 32
   }
 }
 
@@ -500,8 +501,10 @@ inline void pack_p_stacked(const float* st, int64_t n, int64_t G, int terms, uin
 
 // O of NC chunks of 32 dims from dim d0 (C tiles 0 .. NC): load, add P.V over the groups of 16 tokens, store. Chunk c
 // is the 16 columns from (d0 + 32c) / 2 of o's rows: the even dims of head h in row h, its odd dims in row 8 + h.
-template <int NC, int PT>
-inline void pv_stacked_block(const uint32_t* pa, int64_t groups, const TileRows& v, int64_t Dv, int64_t d0, float* o) {
+// hook() runs after every group's products.
+template <int NC, int PT, typename Hook>
+inline void pv_stacked_block(const uint32_t* pa, int64_t groups, const TileRows& v, int64_t Dv, int64_t d0, float* o,
+                             Hook& hook) {
   static_assert(PT <= 2, "two A tiles");
   const int64_t ostride = Dv * static_cast<int64_t>(sizeof(float));
   constexpr int64_t pstride = 16 * sizeof(uint32_t);
@@ -513,24 +516,24 @@ inline void pv_stacked_block(const uint32_t* pa, int64_t groups, const TileRows&
       load<bt>(v.base[g] + d0 + C * 32, v.stride[g]);
       unrolled<PT>([&](auto i) { dp<C, 4 + decltype(i)::value, bt>(); });
     });
+    hook();
   }
   unrolled<NC>([&](auto c) { store<decltype(c)::value>(o + d0 / 2 + decltype(c)::value * 16, ostride); });
 }
 
 // O [16 x Dv] += P [8 x n] * V for at most 8 heads, V's B tiles read from its rows (tile_rows, width >= Dv) and P
 // from pack_p_stacked (PT terms); O as pv_stacked_block lays it out (interleave_row(o + h * Dv, o + (8 + h) * Dv, 16,
-// ...) gives head h). hook() runs after every 128 dims.
+// ...) gives head h). hook() runs after every group of 16 tokens' products.
 template <int PT, typename Hook>
 inline void pv_stacked(int64_t Dv, int64_t n, const uint32_t* pa, const TileRows& v, float* o, Hook& hook) {
   const int64_t groups = groups_of(n);
   for (int64_t d0 = 0; d0 < Dv; d0 += 128) {
     switch (std::min<int64_t>(4, (Dv - d0) / 32)) {  // Dv is a multiple of 32
-      case 1: pv_stacked_block<1, PT>(pa, groups, v, Dv, d0, o); break;
-      case 2: pv_stacked_block<2, PT>(pa, groups, v, Dv, d0, o); break;
-      case 3: pv_stacked_block<3, PT>(pa, groups, v, Dv, d0, o); break;
-      default: pv_stacked_block<4, PT>(pa, groups, v, Dv, d0, o); break;
+      case 1: pv_stacked_block<1, PT>(pa, groups, v, Dv, d0, o, hook); break;
+      case 2: pv_stacked_block<2, PT>(pa, groups, v, Dv, d0, o, hook); break;
+      case 3: pv_stacked_block<3, PT>(pa, groups, v, Dv, d0, o, hook); break;
+      default: pv_stacked_block<4, PT>(pa, groups, v, Dv, d0, o, hook); break;
     }
-    hook();
   }
 }
 
