@@ -42,16 +42,17 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // tile's pages start a whole tile ahead (alternated runs at 32K tokens, bf16 and fp32, batch 1 to 16: 0-8% faster
 // than spreading every line).
 // For the AMX kernels (`to_l2`), whose tile loads read L2 at full speed and whose tiles with the next one's rows
-// overflow L1: rows contiguous in the cache are queued as one run, runs are cut into streams of at most kStreamBytes,
-// the lines go to L2 (prefetcht1) one line of each stream in turn, and the kernels call the hook after every A tile's
-// products, a few lines a call. One thread reading random 8 KiB blocks here got 9.6 GB/s one block at a time and 12.5
-// with 4 to 16 blocks read in turn (a microbenchmark). Against the runs one after another, in shares after every
-// 32-wide chunk of K or 64 dims of V, with runs of 16 KiB or more left to the hardware's stream prefetcher after their
-// first line (32K tokens, alternated, medians): GQA 16q/2kv d128 bf16 batch 1 2.42 -> 2.35 ms, batch 16 35.1 -> 33.9;
-// MLA 16 heads bf16 batch 1 2.78 -> 2.58, batch 16 39.5 -> 37.6, with w_uk batch 1 3.44 -> 2.87; fp32 batch 1 7.89 ->
-// 6.95, batch 16 121 -> 107; MLA 128 heads bf16 batch 4 35.2 -> 34.2. Streams alone or the finer shares alone gained
-// a quarter of that (MLA 16 heads bf16 batch 1: 2.85 either way against 2.47 both, one build, switched by
-// environment); streams of 2 KiB lost most of it, 4 and 16 KiB ran as 8.
+// overflow L1: rows contiguous in the cache are queued as one run, runs are cut into streams of at most
+// kStreamBytes, the lines go to L2 (prefetcht1) one line of each stream in turn, and the kernels call the hook after
+// every A tile's products (pv, for more than 32 heads, after every 64 dims of V), a few lines a call. One thread
+// reading random 8 KiB blocks here got 9.6 GB/s one block at a time and 12.5 with 4 to 16 blocks read in turn (a
+// microbenchmark). Against the runs one after another, in shares after every 32-wide chunk of K or 64 dims of V,
+// with runs of 16 KiB or more left to the hardware's stream prefetcher after their first line (32K tokens,
+// alternated, medians): GQA 16q/2kv d128 bf16 batch 1 2.42 -> 2.35 ms, batch 16 35.1 -> 33.9; MLA 16 heads bf16
+// batch 1 2.78 -> 2.58, batch 16 39.5 -> 37.6, with w_uk batch 1 3.44 -> 2.87; fp32 batch 1 7.89 -> 6.95, batch 16
+// 121 -> 107; MLA 128 heads bf16 batch 4 35.2 -> 34.2. Streams alone or the finer shares alone gained a quarter of
+// that (MLA 16 heads bf16 batch 1: 2.85 either way against 2.47 both, one build, switched by environment); streams
+// of 2 KiB lost most of it, 4 and 16 KiB ran as 8.
 struct TilePrefetcher {
   static constexpr int64_t kStreamBytes = 8 * 1024;
   struct Run {  // bytes still to prefetch
@@ -59,47 +60,41 @@ struct TilePrefetcher {
     const char* end;
   };
   bool to_l2 = false;
-  std::vector<Run> runs;  // the next tile's rows (streams for to_l2), in the order they are issued
-  std::vector<Run> merged;  // to_l2: the runs before they are cut into streams
-  size_t next = 0, live = 0;  // to_l2: the stream to issue from next, and the streams with lines left
+  std::vector<Run> merged;  // the next tile's rows, contiguous ones merged for to_l2
+  std::vector<Run> runs;    // ... as they are issued: merged's runs, cut into streams of kStreamBytes for to_l2
+  size_t next = 0, live = 0;  // the run to issue from next; to_l2: the streams with lines left
   int64_t per_call = 4, calls = 0;
 
+  void queue(const char* p, int64_t bytes) {
+    if (to_l2 && !merged.empty() && merged.back().end == p)
+      merged.back().end += bytes;
+    else
+      merged.push_back({p, p + bytes});
+  }
   // Queues the rows (kbytes from each K row, vbytes from each V row; vrows null when V rows are the K rows) and sizes
   // the share of lines per call from the number of calls the previous tile made.
   void start(const char* const* krows, const char* const* vrows, int64_t n, int64_t kbytes, int64_t vbytes) {
+    merged.clear();
     runs.clear();
-    int64_t lines = 0;
-    if (to_l2) {  // K rows, then V rows, contiguous ones merged, then cut into streams
-      merged.clear();
-      auto queue = [&](const char* p, int64_t bytes) {
-        if (!merged.empty() && merged.back().end == p)
-          merged.back().end += bytes;
-        else
-          merged.push_back({p, p + bytes});
-      };
+    if (to_l2) {  // K rows, then V rows, so that a block's rows are contiguous in the queue
       for (int64_t i = 0; i < n; ++i) queue(krows[i], kbytes);
       for (int64_t i = 0; vrows && i < n; ++i) queue(vrows[i], vbytes);
-      for (const Run& run : merged) {
-        __builtin_prefetch(run.p, 0, 3);
-        for (const char* s = run.p; s < run.end; s += kStreamBytes) {
-          const Run stream{s == run.p ? s + 64 : s, std::min(run.end, s + kStreamBytes)};
-          if (stream.p >= stream.end) continue;
-          lines += ceil_div(stream.end - stream.p, 64);
-          runs.push_back(stream);
-        }
-      }
-      live = runs.size();
     } else {
       for (int64_t i = 0; i < n; ++i) {
-        runs.push_back({krows[i], krows[i] + kbytes});
-        if (vrows) runs.push_back({vrows[i], vrows[i] + vbytes});
-      }
-      for (Run& run : runs) {
-        __builtin_prefetch(run.p, 0, 3);
-        lines += ceil_div(run.end - run.p, 64);
-        run.p += 64;
+        queue(krows[i], kbytes);
+        if (vrows) queue(vrows[i], vbytes);
       }
     }
+    int64_t lines = 0;
+    for (const Run& run : merged) {
+      __builtin_prefetch(run.p, 0, 3);
+      const int64_t bytes = run.end - run.p, cut = to_l2 ? kStreamBytes : bytes;
+      lines += ceil_div(bytes, 64);
+      for (int64_t o = 0; o < bytes; o += cut)  // the first line is out already
+        if (std::max<int64_t>(o, 64) < std::min(bytes, o + cut))
+          runs.push_back({run.p + std::max<int64_t>(o, 64), run.p + std::min(bytes, o + cut)});
+    }
+    live = runs.size();
     if (calls > 0) per_call = std::max<int64_t>(1, ceil_div(lines, calls));
     next = 0;
     calls = 0;
