@@ -53,6 +53,17 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // 121 -> 107; MLA 128 heads bf16 batch 4 35.2 -> 34.2. Streams alone or the finer shares alone gained a quarter of
 // that (MLA 16 heads bf16 batch 1: 2.85 either way against 2.47 both, one build, switched by environment); streams
 // of 2 KiB lost most of it, 4 and 16 KiB ran as 8.
+// Issuing them is not free: with the cache resident (every block id one of 4 blocks), GQA 16q/2kv bf16 batch 1 took
+// 1.40 ms with the prefetches and 0.67 without when each line went out of a loop that kept every stream's cursor in
+// memory (about 8 cycles a line). The streams are therefore sorted longest first and issued by offset: the line at one
+// offset of every stream with lines left, then the next offset (resident: GQA 1.56 -> 1.09 ms, MLA 16 heads bf16
+// 1.74 -> 1.50). Back to back, though, the prefetches slowed the bf16 MLA kernels from memory (16 heads, 32K, batch 1
+// 2.90-2.98 -> 3.18-3.20 ms, batch 16 41.0 -> 44.8); with four nops ahead of each (about a cycle of issue slots) they
+// run 2.90-2.91 and 38.8, while GQA keeps most of its gain. Alternated in one process, 32K tokens, medians, before ->
+// after: GQA bf16 batch 1 2.66-2.71 -> 2.52, batch 16 38.6 -> 35.8, 32q/8kv 10.4 -> 9.3; MLA 16 heads fp32 batch 1
+// 7.77 -> 7.15, with w_uk bf16 3.18 -> 3.19. Eight or sixteen nops lost GQA's gain; a dependency chain of one add or
+// one to two multiplies between the prefetches' addresses (spacing them as much without taking issue slots) and a
+// store per line did not help MLA: the slots matter, not the spacing, for reasons not found.
 struct TilePrefetcher {
   static constexpr int64_t kStreamBytes = 8 * 1024;
   struct Run {  // bytes still to prefetch
@@ -61,8 +72,9 @@ struct TilePrefetcher {
   };
   bool to_l2 = false;
   std::vector<Run> merged;  // the next tile's rows, contiguous ones merged for to_l2
-  std::vector<Run> runs;    // ... as they are issued: merged's runs, cut into streams of kStreamBytes for to_l2
-  size_t next = 0, live = 0;  // the run to issue from next; to_l2: the streams with lines left
+  std::vector<Run> runs;    // ... as they are issued: merged's runs, or for to_l2 their streams, longest first
+  size_t next = 0, live = 0;  // the run to issue from next; to_l2: the streams with lines past `off` (a prefix)
+  int64_t off = 0;            // to_l2: the byte offset in every stream of the lines now going out
   int64_t per_call = 4, calls = 0;
 
   void queue(const char* p, int64_t bytes) {
@@ -94,20 +106,30 @@ struct TilePrefetcher {
         if (std::max<int64_t>(o, 64) < std::min(bytes, o + cut))
           runs.push_back({run.p + std::max<int64_t>(o, 64), run.p + std::min(bytes, o + cut)});
     }
+    if (to_l2)  // longest first, so that the streams with lines left at any offset are a prefix
+      std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.end - a.p > b.end - b.p; });
     live = runs.size();
+    off = 0;
     if (calls > 0) per_call = std::max<int64_t>(1, ceil_div(lines, calls));
     next = 0;
     calls = 0;
   }
   void issue(int64_t budget) {
-    if (to_l2) {  // one line of each stream with lines left in turn
-      for (; budget > 0 && live > 0; next = next + 1 == runs.size() ? 0 : next + 1) {
-        Run& run = runs[next];
-        if (run.p >= run.end) continue;
-        __builtin_prefetch(run.p, 0, 2);
-        run.p += 64;
-        --budget;
-        if (run.p >= run.end) --live;
+    if (to_l2) {  // the line at `off` of each stream with lines left in turn, then the next offset
+      while (budget > 0 && live > 0) {
+        const size_t end = std::min<size_t>(live, next + budget);
+        for (size_t i = next; i < end; ++i) {
+#if defined(__x86_64__)
+          asm volatile("nop\n nop\n nop\n nop");  // issue slots between the prefetches (see above)
+#endif
+          __builtin_prefetch(runs[i].p + off, 0, 2);
+        }
+        budget -= end - next;
+        next = end;
+        if (next < live) return;
+        next = 0;
+        off += 64;
+        while (live > 0 && runs[live - 1].p + off >= runs[live - 1].end) --live;
       }
       return;
     }
