@@ -66,7 +66,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // store per line did not help MLA: the slots matter, not the spacing, for reasons not found.
 struct TilePrefetcher {
   static constexpr int64_t kStreamBytes = 8 * 1024;
-  struct Run {  // bytes still to prefetch
+  struct Run {  // bytes to prefetch: from p on for the FMA kernels (p advances), from p + off for to_l2's streams
     const char* p;
     const char* end;
   };
