@@ -41,9 +41,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // The first line of every run is prefetched at once when the tile is queued, so that the TLB walks of all the next
 // tile's pages start a whole tile ahead (alternated runs at 32K tokens, bf16 and fp32, batch 1 to 16: 0-8% faster
 // than spreading every line).
-// For the AMX kernels (`to_l2`), whose tile loads read L2 at full speed and whose tiles with the next one's rows
-// overflow L1: rows contiguous in the cache are queued as one run, runs are cut into streams of at most
-// kStreamBytes, the lines go to L2 (prefetcht1) one line of each stream in turn, and the kernels call the hook after
+// For the AMX kernels (`streams`): rows contiguous in the cache are queued as one run, runs are cut into streams of
+// at most kStreamBytes, the lines go out one line of each stream in turn, and the kernels call the hook after
 // every A tile's products (pv, for more than 32 heads, after every 64 dims of V), a few lines a call. One thread
 // reading random 8 KiB blocks here got 9.6 GB/s one block at a time and 12.5 with 4 to 16 blocks read in turn (a
 // microbenchmark). Against the runs one after another, in shares after every 32-wide chunk of K or 64 dims of V,
@@ -64,21 +63,26 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // 7.77 -> 7.15, with w_uk bf16 3.18 -> 3.19. Eight or sixteen nops lost GQA's gain; a dependency chain of one add or
 // one to two multiplies between the prefetches' addresses (spacing them as much without taking issue slots) and a
 // store per line did not help MLA: the slots matter, not the spacing, for reasons not found.
+// The streams' lines went to L2 only (prefetcht1: a tile with the next one's rows overflows L1, and the tile loads
+// read L2 at full speed); into L1 as well (prefetcht0) ran faster, alternated in one process (32K, medians, before ->
+// after): GQA bf16 batch 1 2.49-2.60 -> 2.40-2.52 ms, batch 16 34.9 -> 34.2, 32q/8kv 9.61 -> 8.26; MLA 16 heads fp32
+// batch 1 7.39 -> 6.92; MLA 16 heads bf16 batch 1 2.74-2.83 -> 2.76-2.77 (w_uk 3.09 / 3.08), batch 16 39.5 -> 38.9.
+// prefetchnta took 5.9-6.6 ms.
 struct TilePrefetcher {
   static constexpr int64_t kStreamBytes = 8 * 1024;
-  struct Run {  // bytes to prefetch: from p on for the FMA kernels (p advances), from p + off for to_l2's streams
+  struct Run {  // bytes to prefetch: from p on for the FMA kernels (p advances), from p + off for the streams
     const char* p;
     const char* end;
   };
-  bool to_l2 = false;
-  std::vector<Run> merged;  // the next tile's rows, contiguous ones merged for to_l2
-  std::vector<Run> runs;    // ... as they are issued: merged's runs, or for to_l2 their streams, longest first
-  size_t next = 0, live = 0;  // the run to issue from next; to_l2: the streams with lines past `off` (a prefix)
-  int64_t off = 0;            // to_l2: the byte offset in every stream of the lines now going out
+  bool streams = false;  // the AMX kernels' mode (above); else whole runs, one after another
+  std::vector<Run> merged;  // the next tile's rows, contiguous ones merged for streams
+  std::vector<Run> runs;    // ... as they are issued: merged's runs, or their streams, longest first
+  size_t next = 0, live = 0;  // the run to issue from next; streams: those with lines past `off` (a prefix)
+  int64_t off = 0;            // streams: the byte offset in every stream of the lines now going out
   int64_t per_call = 4, calls = 0;
 
   void queue(const char* p, int64_t bytes) {
-    if (to_l2 && !merged.empty() && merged.back().end == p)
+    if (streams && !merged.empty() && merged.back().end == p)
       merged.back().end += bytes;
     else
       merged.push_back({p, p + bytes});
@@ -88,7 +92,7 @@ struct TilePrefetcher {
   void start(const char* const* krows, const char* const* vrows, int64_t n, int64_t kbytes, int64_t vbytes) {
     merged.clear();
     runs.clear();
-    if (to_l2) {  // K rows, then V rows, so that a block's rows are contiguous in the queue
+    if (streams) {  // K rows, then V rows, so that a block's rows are contiguous in the queue
       for (int64_t i = 0; i < n; ++i) queue(krows[i], kbytes);
       for (int64_t i = 0; vrows && i < n; ++i) queue(vrows[i], vbytes);
     } else {
@@ -100,13 +104,13 @@ struct TilePrefetcher {
     int64_t lines = 0;
     for (const Run& run : merged) {
       __builtin_prefetch(run.p, 0, 3);
-      const int64_t bytes = run.end - run.p, cut = to_l2 ? kStreamBytes : bytes;
+      const int64_t bytes = run.end - run.p, cut = streams ? kStreamBytes : bytes;
       lines += ceil_div(bytes, 64);
       for (int64_t o = 0; o < bytes; o += cut)  // the first line is out already
         if (std::max<int64_t>(o, 64) < std::min(bytes, o + cut))
           runs.push_back({run.p + std::max<int64_t>(o, 64), run.p + std::min(bytes, o + cut)});
     }
-    if (to_l2)  // longest first, so that the streams with lines left at any offset are a prefix
+    if (streams)  // longest first, so that the streams with lines left at any offset are a prefix
       std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.end - a.p > b.end - b.p; });
     live = runs.size();
     off = 0;
@@ -115,14 +119,14 @@ struct TilePrefetcher {
     calls = 0;
   }
   void issue(int64_t budget) {
-    if (to_l2) {  // the line at `off` of each stream with lines left in turn, then the next offset
+    if (streams) {  // the line at `off` of each stream with lines left in turn, then the next offset
       while (budget > 0 && live > 0) {
         const size_t end = std::min<size_t>(live, next + budget);
         for (size_t i = next; i < end; ++i) {
 #if defined(__x86_64__)
           asm volatile("nop\n nop\n nop\n nop");  // issue slots between the prefetches (see above)
 #endif
-          __builtin_prefetch(runs[i].p + off, 0, 2);
+          __builtin_prefetch(runs[i].p + off, 0, 3);
         }
         budget -= end - next;
         next = end;
@@ -403,7 +407,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     // Row pointers (token entries) of this tile and of the next one, which is being prefetched.
     std::vector<const scalar_t*> krows(kTileMax), vrows(kTileMax), next_krows(kTileMax), next_vrows(kTileMax);
     TilePrefetcher pf;
-    pf.to_l2 = amx;
+    pf.streams = amx;
     std::vector<c10::BFloat16> qp(dp || dp8 ? p.Hkv * qpairs : 0);
     // fp32 copies of one KV head's tile rows, when `convert` (147 KiB for MLA: left uninitialised, as every row used
     // is written first)
