@@ -59,23 +59,21 @@ cpu::PagedDecodeParams base_params(const float* q32, const DecodeDims& d, const 
   p.lse = lse.data_ptr<float>();
   return p;
 }
-// Per-head projection y[t, h, :] = x[t, h, :] @ w[h] for fp32 x [T, H, K] and w [H, K, N] in its own dtype (the MLA
-// w_uk absorption and w_uv up-projection): w is read once, converted in registers, never copied to fp32.
-Tensor per_head_matmul(const Tensor& x, const Tensor& w) {
-  const int64_t T = x.size(0), H = x.size(1), K = x.size(2), N = w.size(2);
+// Per-head projection y[t, h, :] += x[t, h, :] @ w[h] for fp32 rows x (row (t, h) at x + t * xs0 + h * xs1) and w
+// [H, K, N] in its own dtype, into fp32 rows y (at y + t * ys0 + h * ys1), for the MLA w_uk absorption and w_uv
+// up-projection: w is read once, converted in registers, never copied to fp32.
+void per_head_matmul(const float* x, int64_t xs0, int64_t xs1, int64_t T, const Tensor& w, float* y, int64_t ys0,
+                     int64_t ys1) {
+  const int64_t H = w.size(0), K = w.size(1), N = w.size(2);
   const Tensor wc = w.stride(2) == 1 ? w : w.contiguous();
-  Tensor y = at::zeros({T, H, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, wc.scalar_type(), "per_head_matmul", [&] {
     const scalar_t* wp = wc.data_ptr<scalar_t>();
     at::parallel_for(0, H, 1, [&](int64_t begin, int64_t end) {
       for (int64_t h = begin; h < end; ++h)
-        cpu::gemm_acc(T, N, K, cpu::Strided<float>{xp + h * x.stride(1), x.stride(0), x.stride(2)},
-                      cpu::Strided<scalar_t>{wp + h * wc.stride(0), wc.stride(1), 1}, yp + h * N, H * N);
+        cpu::gemm_acc(T, N, K, cpu::Strided<float>{x + h * xs1, xs0, 1},
+                      cpu::Strided<scalar_t>{wp + h * wc.stride(0), wc.stride(1), 1}, y + h * ys1, ys0);
     });
   });
-  return y;
 }
 }  // namespace
 
@@ -108,11 +106,22 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
                                                   const std::optional<Tensor>& w_uv) {
   const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "mla_decode_partial");
-  // Query rows [latent | rope] in fp32, times scale * log2(e); the latent part absorbed through w_uk if given.
+  // Query rows [latent | rope] in fp32, times scale * log2(e); the latent part absorbed through w_uk if given (in
+  // place, fp32 accumulation; staged here rather than by ATen ops, which after a decode step's cache traffic took
+  // 20-60 us each).
   const int64_t latent = d.Dk - q_pe.size(2);
-  std::vector<float> q32(d.T * d.Hq * d.Dk);
-  const Tensor q_lat = w_uk.has_value() ? per_head_matmul(q_nope.to(at::kFloat), *w_uk) : q_nope;  // fp32 accumulation
-  stage_rows(q_lat, scale * kLog2e, q32.data(), d.Dk, 0);
+  std::vector<float> q32(d.T * d.Hq * d.Dk);  // zeros
+  if (w_uk.has_value()) {
+    const int64_t nope = q_nope.size(2);
+    std::vector<float> qn32(d.T * d.Hq * nope);
+    stage_rows(q_nope, 1.0, qn32.data(), nope, 0);
+    per_head_matmul(qn32.data(), d.Hq * nope, nope, d.T, *w_uk, q32.data(), d.Hq * d.Dk, d.Dk);
+    const float m = static_cast<float>(scale * kLog2e);
+    for (int64_t r = 0; r < d.T * d.Hq; ++r)
+      for (int64_t i = 0; i < latent; ++i) q32[r * d.Dk + i] *= m;
+  } else {
+    stage_rows(q_nope, scale * kLog2e, q32.data(), d.Dk, 0);
+  }
   stage_rows(q_pe, scale * kLog2e, q32.data(), d.Dk, latent);
   // The kernel writes the output in q's type, or in fp32 for the w_uv up-projection that follows it.
   const at::ScalarType out_dtype = w_uv.has_value() ? at::kFloat : q_nope.scalar_type();
@@ -126,7 +135,13 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
   p.k_st = p.v_st = kv_cache.stride(1);
   p.k_sh = p.v_sh = 0;
   cpu::paged_decode(p, q_nope.scalar_type());
-  if (w_uv.has_value()) out = per_head_matmul(out, *w_uv).to(q_nope.scalar_type());  // value up-projection
+  if (w_uv.has_value()) {  // value up-projection
+    const Tensor lat = out;  // [T, Hq, latent] fp32, contiguous
+    out = at::zeros({d.T, d.Hq, w_uv->size(2)}, lat.options());
+    per_head_matmul(lat.data_ptr<float>(), d.Hq * d.Dv, d.Dv, d.T, *w_uv, out.data_ptr<float>(), out.stride(0),
+                    out.stride(1));
+    out = out.to(q_nope.scalar_type());
+  }
   return {out, lse};
 }
 
