@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "cpu/gemm.h"
@@ -123,11 +124,18 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
     stage_rows(q_nope, scale * kLog2e, q32.data(), d.Dk, 0);
   }
   stage_rows(q_pe, scale * kLog2e, q32.data(), d.Dk, latent);
-  // The kernel writes the output in q's type, or in fp32 for the w_uv up-projection that follows it.
-  const at::ScalarType out_dtype = w_uv.has_value() ? at::kFloat : q_nope.scalar_type();
-  Tensor out = at::empty({d.T, d.Hq, d.Dv}, q_nope.options().dtype(out_dtype));
+  // The kernel writes the output in q's type, or the latent output in fp32 for the w_uv up-projection that follows
+  // it (staged here, as the query above).
+  const int64_t dv_out = w_uv.has_value() ? w_uv->size(2) : d.Dv;
+  Tensor out = at::empty({d.T, d.Hq, dv_out}, q_nope.options());
   Tensor lse = at::empty({d.T, d.Hq}, q_nope.options().dtype(at::kFloat));
   cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
+  // [T, Hq, latent], every element written by the kernel (so not zeroed first)
+  std::unique_ptr<float[]> lat(w_uv.has_value() ? new float[d.T * d.Hq * d.Dv] : nullptr);
+  if (w_uv.has_value()) {
+    p.out = lat.get();
+    p.out_dtype = at::kFloat;
+  }
   p.q_mult = static_cast<float>(scale * kLog2e);
   p.q_exact_bf16 = !w_uk.has_value() && q_nope.scalar_type() == at::kBFloat16 && q_pe.scalar_type() == at::kBFloat16;
   p.k = p.v = kv_cache.data_ptr();
@@ -135,12 +143,10 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
   p.k_st = p.v_st = kv_cache.stride(1);
   p.k_sh = p.v_sh = 0;
   cpu::paged_decode(p, q_nope.scalar_type());
-  if (w_uv.has_value()) {  // value up-projection
-    const Tensor lat = out;  // [T, Hq, latent] fp32, contiguous
-    out = at::zeros({d.T, d.Hq, w_uv->size(2)}, lat.options());
-    per_head_matmul(lat.data_ptr<float>(), d.Hq * d.Dv, d.Dv, d.T, *w_uv, out.data_ptr<float>(), out.stride(0),
-                    out.stride(1));
-    out = out.to(q_nope.scalar_type());
+  if (w_uv.has_value()) {  // value up-projection, fp32 accumulation, rounded once to q's type
+    std::vector<float> y(d.T * d.Hq * dv_out);  // zeros
+    per_head_matmul(lat.get(), d.Hq * d.Dv, d.Dv, d.T, *w_uv, y.data(), d.Hq * dv_out, dv_out);
+    cpu::store_row(out.data_ptr(), out.scalar_type(), 0, y.data(), static_cast<int64_t>(y.size()));
   }
   return {out, lse};
 }

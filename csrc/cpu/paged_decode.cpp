@@ -303,16 +303,6 @@ void softmax_update8(float* st, int64_t G, int64_t n, float* m, float* l, float*
 }
 #endif
 
-// out[offset .. offset + n) = src, converted to dtype (fp32, bf16 or fp16).
-void store_row(void* out, at::ScalarType dtype, int64_t offset, const float* src, int64_t n) {
-  switch (dtype) {
-    case at::kFloat: std::copy(src, src + n, static_cast<float*>(out) + offset); break;
-    case at::kBFloat16: std::copy(src, src + n, static_cast<c10::BFloat16*>(out) + offset); break;
-    case at::kHalf: std::copy(src, src + n, static_cast<c10::Half*>(out) + offset); break;
-    default: TORCH_CHECK(false, "paged_decode: unsupported output dtype ", dtype);
-  }
-}
-
 template <typename scalar_t>
 void paged_decode_impl(const PagedDecodeParams& p) {
   const int64_t G = p.Hq / p.Hkv;
@@ -643,6 +633,16 @@ void paged_decode_impl(const PagedDecodeParams& p) {
 }
 
 }  // namespace
+
+// (paged_decode.h)
+void store_row(void* out, at::ScalarType dtype, int64_t offset, const float* src, int64_t n) {
+  switch (dtype) {
+    case at::kFloat: std::copy(src, src + n, static_cast<float*>(out) + offset); break;
+    case at::kBFloat16: std::copy(src, src + n, static_cast<c10::BFloat16*>(out) + offset); break;
+    case at::kHalf: std::copy(src, src + n, static_cast<c10::Half*>(out) + offset); break;
+    default: TORCH_CHECK(false, "store_row: unsupported output dtype ", dtype);
+  }
+}
 
 void check_paged_indices(const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t num_blocks,
                          int64_t block_size, const char* op) {

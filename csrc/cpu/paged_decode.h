@@ -33,4 +33,7 @@ void check_paged_indices(const at::Tensor& block_table, const at::Tensor& seq_le
 
 void paged_decode(const PagedDecodeParams& p, at::ScalarType cache_dtype);
 
+// out[offset .. offset + n) = src, converted to dtype (fp32, bf16 or fp16; rounded to nearest even, as Tensor::to).
+void store_row(void* out, at::ScalarType dtype, int64_t offset, const float* src, int64_t n);
+
 }  // namespace dcp_ops::cpu
