@@ -124,15 +124,15 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
     stage_rows(q_nope, scale * kLog2e, q32.data(), d.Dk, 0);
   }
   stage_rows(q_pe, scale * kLog2e, q32.data(), d.Dk, latent);
-  // The kernel writes the output in q's type, or the latent output in fp32 for the w_uv up-projection that follows
-  // it (staged here, as the query above).
   const int64_t dv_out = w_uv.has_value() ? w_uv->size(2) : d.Dv;
   Tensor out = at::empty({d.T, d.Hq, dv_out}, q_nope.options());
   Tensor lse = at::empty({d.T, d.Hq}, q_nope.options().dtype(at::kFloat));
   cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
-  // [T, Hq, latent], every element written by the kernel (so not zeroed first)
-  std::unique_ptr<float[]> lat(w_uv.has_value() ? new float[d.T * d.Hq * d.Dv] : nullptr);
+  // The kernel writes out in q's type; with w_uv, the latent output [T, Hq, latent] in fp32 into lat instead (every
+  // element written, so not zeroed first), for the up-projection below.
+  std::unique_ptr<float[]> lat;
   if (w_uv.has_value()) {
+    lat.reset(new float[d.T * d.Hq * d.Dv]);
     p.out = lat.get();
     p.out_dtype = at::kFloat;
   }

@@ -634,7 +634,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
 
 }  // namespace
 
-// (paged_decode.h)
+// Declared (and described) in paged_decode.h.
 void store_row(void* out, at::ScalarType dtype, int64_t offset, const float* src, int64_t n) {
   switch (dtype) {
     case at::kFloat: std::copy(src, src + n, static_cast<float*>(out) + offset); break;
