@@ -56,20 +56,19 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // 1.40 ms with the prefetches and 0.67 without when each line went out of a loop that kept every stream's cursor in
 // memory (about 8 cycles a line). The streams are therefore sorted longest first and issued by offset: the line at one
 // offset of every stream with lines left, then the next offset (resident: GQA 1.56 -> 1.09 ms, MLA 16 heads bf16
-// 1.74 -> 1.50). Back to back, though, the prefetches slowed the bf16 MLA kernels from memory (16 heads, 32K, batch 1
-// 2.90-2.98 -> 3.18-3.20 ms, batch 16 41.0 -> 44.8); with four nops ahead of each (about a cycle of issue slots) they
-// run 2.90-2.91 and 38.8, while GQA keeps most of its gain. Alternated in one process, 32K tokens, medians, before ->
-// after: GQA bf16 batch 1 2.66-2.71 -> 2.52, batch 16 38.6 -> 35.8, 32q/8kv 10.4 -> 9.3; MLA 16 heads fp32 batch 1
-// 7.77 -> 7.15, with w_uk bf16 3.18 -> 3.19. Eight or sixteen nops lost GQA's gain; a dependency chain of one add or
-// one to two multiplies between the prefetches' addresses (spacing them as much without taking issue slots) and a
-// store per line did not help MLA: the slots matter, not the spacing, for reasons not found.
-// The streams' lines went to L2 only (prefetcht1: a tile with the next one's rows overflows L1, and the tile loads
-// read L2 at full speed); into L1 as well (prefetcht0) ran faster, alternated in one process (32K, medians, before ->
-// after): GQA bf16 batch 1 2.49-2.60 -> 2.40-2.52 ms, batch 16 34.9 -> 34.2, 32q/8kv 9.61 -> 8.26; MLA 16 heads fp32
-// batch 1 7.39 -> 6.92; MLA 16 heads bf16 batch 1 2.74-2.83 -> 2.76-2.77 (w_uk 3.09 / 3.08), batch 16 39.5 -> 38.9.
-// prefetchnta took 5.9-6.6 ms.
+// 1.74 -> 1.50).
+// Every line goes to L2 only (prefetcht1), for both kinds of kernel: a tile with the next one's rows overflows L1, and
+// the tile loads and vector loads read L2 at full speed. Into L1 as well (prefetcht0), and for the streams with four
+// nops ahead of each prefetch, ran faster on earlier days of the same kind of host (the fifty-first session's notes in
+// bench/RESULTS.md), but not on the fifty-third's: 32K, medians, each call after what precedes it in bench_cpu.py (the
+// read and matmul probes and the flushes; the configurations in random order), prefetcht0 with nops -> prefetcht1
+// without, batch 1: GQA 16q/2kv bf16 2.49 -> 2.40 ms, fp32 4.41 -> 4.15; MLA 16 heads bf16 2.55 / 2.56, with w_uk
+// 2.79 / 2.84, fp32 6.72 / 6.87; batch 16 (alternated): GQA bf16 35.0-36.4 -> 31.0-31.7, fp32 62.6-63.2 -> 56.7-57.8;
+// MLA 16 heads bf16 35.3-38.4 -> 35.8-37.8, fp32 97-100 -> 88-95; MLA 128 heads bf16 batch 4 28.7-30.6 -> 27.9-28.9.
+// prefetchnta took 5.9-6.6 ms, every second or fourth line (the hardware's prefetcher to fetch the rest) 7-45% slower.
 struct TilePrefetcher {
   static constexpr int64_t kStreamBytes = 8 * 1024;
+  static void prefetch_l2(const char* p) { __builtin_prefetch(p, 0, 2); }  // prefetcht1 on x86
   struct Run {  // bytes to prefetch: from p on for the FMA kernels (p advances), from p + off for the streams
     const char* p;
     const char* end;
@@ -103,7 +102,7 @@ struct TilePrefetcher {
     }
     int64_t lines = 0;
     for (const Run& run : merged) {
-      __builtin_prefetch(run.p, 0, 3);
+      prefetch_l2(run.p);
       const int64_t bytes = run.end - run.p, cut = streams ? kStreamBytes : bytes;
       lines += ceil_div(bytes, 64);
       for (int64_t o = 0; o < bytes; o += cut)  // the first line is out already
@@ -122,12 +121,7 @@ struct TilePrefetcher {
     if (streams) {  // the line at `off` of each stream with lines left in turn, then the next offset
       while (budget > 0 && live > 0) {
         const size_t end = std::min<size_t>(live, next + budget);
-        for (size_t i = next; i < end; ++i) {
-#if defined(__x86_64__)
-          asm volatile("nop\n nop\n nop\n nop");  // issue slots between the prefetches (see above)
-#endif
-          __builtin_prefetch(runs[i].p + off, 0, 3);
-        }
+        for (size_t i = next; i < end; ++i) prefetch_l2(runs[i].p + off);
         budget -= end - next;
         next = end;
         if (next < live) return;
@@ -139,7 +133,7 @@ struct TilePrefetcher {
     }
     for (; budget > 0 && next < runs.size(); ++next) {
       Run& run = runs[next];
-      for (; budget > 0 && run.p < run.end; --budget, run.p += 64) __builtin_prefetch(run.p, 0, 3);
+      for (; budget > 0 && run.p < run.end; --budget, run.p += 64) prefetch_l2(run.p);
       if (run.p < run.end) return;
     }
   }
