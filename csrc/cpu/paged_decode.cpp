@@ -413,12 +413,12 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     if (amx) tiles.emplace();
     const int kterms = amx32 ? 3 : 1;  // bf16 terms of each cache element in the tiles
     LineVector<amx::bf16> kbuf(amx ? kterms * kTileMax * p.Dk : 0), vbuf(amx ? p.Dv / 16 * amx::v_tile(kTileMax) : 0);
-    LineVector<amx::bf16> qb(amx ? p.Hkv * qb_size : 0);  // token qb_token's Q^T, every KV head
-    int64_t qb_token = -1;
+    LineVector<amx::bf16> qb(amx ? p.Hkv * qb_size : 0);  // token q_token's Q^T, every KV head
     LineVector<uint32_t> pbuf(amx ? std::max({Ga * kTileMax, amx::p_halves_size(Ga, kTileMax, kterms == 3 ? 3 : 2),
                                               amx::p_stacked_size(kTileMax, 2)})
                                   : 0);
 #endif
+    int64_t q_token = -1;  // the token whose query qt, qp (or qb) hold
     for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
       const int64_t len = p.seq_lens[t];
@@ -427,15 +427,17 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       float* o = acc_o.data();
       float* m = acc_m.data();
       float* l = acc_l.data();
+      // The query in the kernels' layouts, packed once per token and thread: a thread's next item is often of the same
+      // token (packed per item, the query took 8% of MLA 16 heads' time at 4K tokens, batch 1, on the FMA kernels).
+      const bool new_q = j0 < j1 && q_token != t;
+      if (new_q) q_token = t;
 #if defined(DCP_OPS_AMX)
-      if (j0 < j1 && amx && qb_token != t) {  // (a thread's next item is often of the same token)
+      if (new_q && amx)
         for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
           amx::pack_q(G, Ga, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, p.q_exact_bf16 ? 1.f / p.q_mult : 1.f,
                       qterms, qb.data() + kvh * qb_size);
-        qb_token = t;
-      }
 #endif
-      if (j0 < j1 && (!amx || amx32)) {  // (an fp32 item may be recomputed without AMX, below)
+      if (new_q && (!amx || amx32)) {  // (an fp32 item may be recomputed without AMX, below)
         if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself (q / q_mult rounds back to it)
           const float inv = 1.f / p.q_mult;
           if (dp8) std::fill(qp.begin(), qp.end(), c10::BFloat16(0.f));
