@@ -172,16 +172,26 @@ def gqa_case(B, L, dtype, gen, Hq=16, Hkv=2, D=128, bs=16):
     return ours, dict(bmm=bmm(dtype), bmm_fp32=bmm(torch.float32), sdpa=sdpa), flops, kv_bytes
 
 
-def mla_case(B, L, dtype, gen, H, absorb, latent=512, rope=64, d_nope=128, bs=64):
+def mla_inputs(B, L, dtype, gen, H, absorb, latent=512, rope=64, d_nope=128, bs=64):
+    """The MLA rows' arguments of mla_decode_partial (by keyword): B sequences of L tokens in a paged latent cache."""
     kv, table = paged(B, L, bs, (latent + rope,), dtype, gen)
-    lens = torch.full((B,), L, dtype=torch.int32)
     w_uk = (torch.randn(H, d_nope, latent, generator=gen) * d_nope ** -0.5).to(dtype) if absorb else None
     q_nope = torch.randn(B, H, d_nope if absorb else latent, generator=gen).to(dtype)
     q_pe = torch.randn(B, H, rope, generator=gen).to(dtype)
-    scale = (d_nope + rope) ** -0.5
+    return dict(q_nope=q_nope, q_pe=q_pe, kv_cache=kv, block_table=table,
+                seq_lens=torch.full((B,), L, dtype=torch.int32), scale=(d_nope + rope) ** -0.5, w_uk=w_uk)
+
+
+def mla_case(x):
+    """ours, the torch baselines, FLOPs and KV bytes for the arguments x of mla_inputs."""
+    q_nope, q_pe, kv, table, w_uk = (x[k] for k in ("q_nope", "q_pe", "kv_cache", "block_table", "w_uk"))
+    scale = x["scale"]
+    B, H, d_nope = q_nope.shape
+    L, rope = int(x["seq_lens"].max()), q_pe.shape[-1]
+    latent, absorb, dtype = kv.shape[-1] - rope, w_uk is not None, kv.dtype
 
     def ours():
-        return dcp_ops.mla_decode_partial(q_nope, q_pe, kv, table, lens, scale, w_uk)
+        return dcp_ops.mla_decode_partial(**x)
 
     def absorbed(dt):
         ql = q_nope.to(dt)
@@ -236,7 +246,7 @@ def main():
                     for B in ([1] if args.quick else ([1, 16] if H == 16 else [1, 4])):
                         name = f"MLA {H}h 512+64{' w_uk' if absorb else ''}"
                         cases.append((name, dtype, L, B, lambda B=B, L=L, dt=dtype, H=H, a=absorb:
-                                      mla_case(B, L, dt, gen, H, a)))
+                                      mla_case(mla_inputs(B, L, dt, gen, H, a))))
     rows = []
     hdr = (f"{'op':<22} {'dtype':<5} {'ctx':>6} {'B':>3} {'ms':>9} {'GB/s':>6} {'GFLOP/s':>8} {'roof':>5} "
            f"{'bmm':>9} {'bmm32':>9} {'sdpa':>9} {'vs best':>7} {'read':>5} {'mm32':>5}")
