@@ -41,9 +41,16 @@ def test_merge_family_on_gpu(dtype):
     c_out, c_lse = ref.correct_partial(outs[2], lses, 2)
     assert_matches(part.cpu(), c_out, dtype, "corrected out")
     assert_lse_matches(total.cpu(), c_lse, "correct lse")
-    send = dcp_ops.pack_exchange(outs[0].cuda(), lses[0].cuda(), 4)
-    m_out, m_lse = dcp_ops.merge_exchange(send[:1].contiguous())
-    assert torch.equal(m_out.cpu(), outs[0][:, :4])
+    # a world of 4: rank r packs its partial (outs[r], lses[r]); rank `me` receives head slice `me` of every send.
+    # The NaN and -inf LSE rows above are empty partials (out 0, lse -inf where no rank has the row).
+    sends = [dcp_ops.pack_exchange(outs[r].cuda(), lses[r].cuda(), 4) for r in range(4)]
+    for me in range(4):
+        m_out = torch.full((8, 4, 128), math.nan, dtype=dtype, device="cuda")  # poisoned: every element written
+        m_lse = torch.full((8, 4), math.nan, device="cuda")
+        dcp_ops.merge_exchange(torch.stack([s[me] for s in sends]), m_out, m_lse)
+        r_out, r_lse = ref.merge_partials(outs[:, :, 4 * me:4 * me + 4], lses[:, :, 4 * me:4 * me + 4])
+        assert_matches(m_out.cpu(), r_out, dtype, f"exchange merge out on rank {me}")
+        assert_lse_matches(m_lse.cpu(), r_lse, f"exchange merge lse on rank {me}")
 
 
 def test_write_kv_on_gpu():
