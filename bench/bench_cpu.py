@@ -24,7 +24,6 @@ The header says which pages the run got (the OS may refuse huge pages).
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -34,10 +33,10 @@ if __name__ == "__main__" and "--4k-pages" not in sys.argv:
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # read once, at torch's first allocation
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dcp_ops  # noqa: E402
+import torch_baselines  # noqa: E402  (this directory is on sys.path when run as a script)
 
 BASELINE_BUDGET_S = 20.0  # a baseline predicted slower than this (at the measured matmul rate) is not run
 
@@ -137,35 +136,21 @@ def paged(B, L, block_size, entry, dtype, gen):
     return cache, table
 
 
-def gather(cache, table, L):
-    """What plain torch must do with a paged cache: gather the pages into [B, L, ...]."""
-    B = table.shape[0]
-    return cache[table.long()].reshape(B, -1, *cache.shape[2:])[:, :L]
-
-
 def gqa_case(B, L, dtype, gen, Hq=16, Hkv=2, D=128, bs=16):
     k, table = paged(B, L, bs, (Hkv, D), dtype, gen)
     v = torch.randn(k.shape, generator=gen).to(dtype)
     q = torch.randn(B, Hq, D, generator=gen).to(dtype)
     lens = torch.full((B,), L, dtype=torch.int32)
     scale = D ** -0.5
-    G = Hq // Hkv
 
     def ours():
         return dcp_ops.gqa_decode_partial(q, k, v, table, lens, scale)
 
     def bmm(dt):
-        def run():
-            K = gather(k, table, L).to(dt).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
-            V = gather(v, table, L).to(dt).transpose(1, 2)  # [B, Hkv, L, D]
-            s = torch.matmul(q.to(dt).view(B, Hkv, G, D), K) * scale
-            return torch.matmul(torch.softmax(s.float(), -1).to(dt), V)
-        return run
+        return lambda: torch_baselines.gqa_bmm(q, k, v, table, L, scale, dt)
 
     def sdpa():
-        K = gather(k, table, L).transpose(1, 2)
-        V = gather(v, table, L).transpose(1, 2)
-        return F.scaled_dot_product_attention(q.view(B, Hq, 1, D), K, V, scale=scale, enable_gqa=True)
+        return torch_baselines.gqa_sdpa(q, k, v, table, L, scale)
 
     flops = 4 * B * L * Hq * D
     kv_bytes = 2 * B * L * Hkv * D * k.element_size()
@@ -188,31 +173,20 @@ def mla_case(x):
     scale = x["scale"]
     B, H, d_nope = q_nope.shape
     L, rope = int(x["seq_lens"].max()), q_pe.shape[-1]
-    latent, absorb, dtype = kv.shape[-1] - rope, w_uk is not None, kv.dtype
+    latent, absorb = kv.shape[-1] - rope, w_uk is not None
 
     def ours():
         return dcp_ops.mla_decode_partial(**x)
 
-    def absorbed(dt):
-        ql = q_nope.to(dt)
-        if absorb:
-            ql = torch.bmm(ql.transpose(0, 1), w_uk.to(dt)).transpose(0, 1)
-        return torch.cat([ql, q_pe.to(dt)], -1)  # [B, H, latent + rope]
-
     def bmm(dt):
-        def run():
-            K = gather(kv, table, L).to(dt)  # [B, L, 576]
-            s = torch.bmm(absorbed(dt), K.transpose(1, 2)) * scale
-            return torch.bmm(torch.softmax(s.float(), -1).to(dt), K[..., :latent])
-        return run
+        return lambda: torch_baselines.mla_bmm(q_nope, q_pe, kv, table, L, scale, w_uk, dt)
 
     def sdpa():
-        K = gather(kv, table, L)[:, None]  # one latent KV head; the H query heads act as H query rows
-        return F.scaled_dot_product_attention(absorbed(dtype)[:, None], K, K[..., :latent], scale=scale)
+        return torch_baselines.mla_sdpa(q_nope, q_pe, kv, table, L, scale, w_uk)
 
     flops = 2 * B * L * H * (latent + rope + latent) + (2 * B * H * d_nope * latent if absorb else 0)
     kv_bytes = B * L * (latent + rope) * kv.element_size()
-    return ours, dict(bmm=bmm(dtype), bmm_fp32=bmm(torch.float32), sdpa=sdpa), flops, kv_bytes
+    return ours, dict(bmm=bmm(kv.dtype), bmm_fp32=bmm(torch.float32), sdpa=sdpa), flops, kv_bytes
 
 
 def predicted_s(name, dtype, flops, ceil):
@@ -240,7 +214,7 @@ def main():
     for dtype in (torch.float32, torch.bfloat16):
         for L in (4096, 32768):
             for B in batches:
-                cases.append((f"GQA 16q/2kv d128", dtype, L, B, lambda B=B, L=L, dt=dtype: gqa_case(B, L, dt, gen)))
+                cases.append(("GQA 16q/2kv d128", dtype, L, B, lambda B=B, L=L, dt=dtype: gqa_case(B, L, dt, gen)))
             for H in (16, 128):
                 for absorb in (False, True):
                     for B in ([1] if args.quick else ([1, 16] if H == 16 else [1, 4])):
@@ -291,10 +265,8 @@ def main():
         outs = torch.randn(N, T, H, D).to(dtype)
         lses = torch.randn(N, T, H)
 
-        def torch_merge():
-            m = torch.logsumexp(lses, 0)
-            return (torch.exp(lses - m)[..., None] * outs.float()).sum(0).to(dtype), m
-        times = interleaved({"ours": lambda: dcp_ops.merge_partials(outs, lses), "torch": torch_merge})
+        times = interleaved({"ours": lambda: dcp_ops.merge_partials(outs, lses),
+                             "torch": lambda: torch_baselines.merge(outs, lses)})
         t, tb = times["ours"], times["torch"]
         moved = outs.numel() * outs.element_size() * (1 + 1 / N) + lses.numel() * 4
         row = dict(op="merge_partials N4 T16 H128 D512", dtype=str(dtype).replace("torch.", ""), ms=t * 1e3,

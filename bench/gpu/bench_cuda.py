@@ -1,5 +1,8 @@
-"""Benchmark of every CUDA kernel: median of many CUDA-event timings, inputs rotated over more memory than L2,
-device copy bandwidth measured in the same run; FlashInfer's decode / merge kernels as baselines when importable.
+"""Benchmark of every CUDA kernel: median of many CUDA-event timings, inputs rotated over more memory than L2.
+The device's copy bandwidth and bf16 matmul rate are measured in the same run; a row's roofline time is
+max(bytes / copy bandwidth, FLOPs / bf16 matmul rate) and "roof" is that over the measured time. Baselines: plain torch
+on the same paged cache (bench/torch_baselines.py: gather + bmm / softmax, or scaled_dot_product_attention), and
+FlashInfer's decode / merge kernels when importable; "vs best" is the fastest baseline's time over ours.
 
     python bench/gpu/bench_cuda.py [--json PATH]
 """
@@ -11,8 +14,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(BENCH), BENCH]
 import dcp_ops  # noqa: E402
+import torch_baselines as tb  # noqa: E402
 
 
 def cuda_time(fn, sets, reps=50):
@@ -38,9 +43,41 @@ def copy_bandwidth():
     return 2 * x.numel() / ms / 1e6  # GB/s, read + write
 
 
+def matmul_rate():
+    """bf16 torch.matmul rate, TFLOP/s, on random 8192^3 operands."""
+    a, b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16), torch.randn(8192, 8192, device="cuda",
+                                                                                     dtype=torch.bfloat16)
+    ms = cuda_time(lambda x, y: x @ y, [(a, b)], reps=20)
+    return 2 * 8192 ** 3 / ms / 1e9
+
+
+def torch_ms(fns, sets, ours):
+    """Median ms of each plain-torch baseline, after checking its output against ours on the first set: a baseline
+    that computes something else is a bug of this bench, not a comparison (5% of the largest output: far above bf16
+    rounding, far below a wrong result)."""
+    got = ours.float()
+    times = {}
+    for name, fn in fns.items():
+        want = fn(*sets[0]).float()
+        err = (want - got).abs().max().item()
+        assert want.shape == got.shape and err <= 0.05 * got.abs().max().item(), \
+            f"torch baseline {name} disagrees with dcp_ops: {err:.3g} (shapes {tuple(want.shape)}, {tuple(got.shape)})"
+        times[name] = cuda_time(fn, sets)
+    return times
+
+
+def row(op, dtype, B, L, ms, moved, flops, ceil, baselines):
+    """One table row: time, rates, roofline fraction, baselines (None: not run) and the speedup over the best."""
+    roof = max(moved / ceil["copy_GBps"] / 1e6, flops / ceil["bf16_TFLOPs"] / 1e9)
+    run = [v for v in baselines.values() if v is not None]
+    return dict(op=op, dtype=str(dtype).replace("torch.", ""), B=B, L=L, ms=ms, GBps=moved / ms / 1e6,
+                TFLOPs=flops / ms / 1e9, roofline_fraction=roof / ms, baselines_ms=baselines,
+                speedup_vs_best=min(run) / ms if run else None)
+
+
 def enough_sets(bytes_per_set):
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    return max(2, min(16, -(-4 * l2 // max(bytes_per_set, 1))))
+    return max(2, min(16, int(-(-4 * l2 // max(bytes_per_set, 1)))))
 
 
 def flashinfer_decode_ms(sets, Hq, Hkv, D, bs):
@@ -71,7 +108,7 @@ def flashinfer_merge_ms(sets):
         return None
 
 
-def gqa_rows(copy_bw):
+def gqa_rows(ceil):
     rows = []
     for dtype in (torch.bfloat16, torch.float16):
         for B, L in ((1, 32768), (16, 32768), (64, 8192)):
@@ -85,10 +122,13 @@ def gqa_rows(copy_bw):
                 table = torch.randperm(B * nblk, device="cuda", dtype=torch.int32).view(B, nblk)
                 sets.append((torch.randn(B, Hq, D, device="cuda", dtype=dtype), k, v, table,
                              torch.full((B,), L, device="cuda", dtype=torch.int32)))
-            ms = cuda_time(lambda q, k, v, t, s: dcp_ops.gqa_decode_partial(q, k, v, t, s, D ** -0.5), sets)
-            gbs = kv_bytes / ms / 1e6
-            rows.append(dict(op="gqa_decode_partial", dtype=str(dtype)[6:], B=B, L=L, ms=ms, GBps=gbs,
-                             copy_fraction=gbs / copy_bw, flashinfer_ms=flashinfer_decode_ms(sets, Hq, Hkv, D, bs)))
+            scale = D ** -0.5
+            ms = cuda_time(lambda q, k, v, t, s: dcp_ops.gqa_decode_partial(q, k, v, t, s, scale), sets)
+            ours = dcp_ops.gqa_decode_partial(*sets[0], scale)[0]
+            base = torch_ms(dict(bmm=lambda q, k, v, t, s: tb.gqa_bmm(q, k, v, t, L, scale, dtype),
+                                 sdpa=lambda q, k, v, t, s: tb.gqa_sdpa(q, k, v, t, L, scale)), sets, ours)
+            base["flashinfer"] = flashinfer_decode_ms(sets, Hq, Hkv, D, bs)
+            rows.append(row("gqa_decode_partial 64q/8kv", dtype, B, L, ms, kv_bytes, 4 * B * L * Hq * D, ceil, base))
     return rows
 
 
@@ -109,7 +149,7 @@ def flashinfer_mla_ms(sets, H, latent, rope, bs, scale):
         return None
 
 
-def mla_rows(copy_bw):
+def mla_rows(ceil):
     """DeepSeek-V3 shapes (128 heads, 512 + 64): latent query (the FlashInfer comparison), and w_uk + w_uv fused."""
     rows = []
     H, latent, rope, d_nope, d_v, bs = 128, 512, 64, 128, 128, 64
@@ -129,15 +169,19 @@ def mla_rows(copy_bw):
                              torch.full((B,), L, device="cuda", dtype=torch.int32), *w))
             scale = (d_nope + rope) ** -0.5
             ms = cuda_time(lambda *a: dcp_ops.mla_decode_partial(*a[:5], scale, *a[5:]), sets)
-            gbs = kv_bytes / ms / 1e6
-            flops = 2 * B * H * L * (2 * latent + rope)
-            rows.append(dict(op="mla_decode_partial" + (" w_uk+w_uv" if fused else ""), dtype="bfloat16", B=B, L=L,
-                             ms=ms, GBps=gbs, TFLOPs=flops / ms / 1e9, copy_fraction=gbs / copy_bw,
-                             flashinfer_ms=None if fused else flashinfer_mla_ms(sets, H, latent, rope, bs, scale)))
+            ours = dcp_ops.mla_decode_partial(*sets[0][:5], scale, *sets[0][5:])[0]
+            base = torch_ms(dict(bmm=lambda qn, qp, c, t, s, wk=None, wv=None:
+                                 tb.mla_bmm(qn, qp, c, t, L, scale, wk, torch.bfloat16, wv),
+                                 sdpa=lambda qn, qp, c, t, s, wk=None, wv=None:
+                                 tb.mla_sdpa(qn, qp, c, t, L, scale, wk, wv)), sets, ours)
+            base["flashinfer"] = None if fused else flashinfer_mla_ms(sets, H, latent, rope, bs, scale)
+            flops = 2 * B * H * L * (2 * latent + rope) + (4 * B * H * latent * d_nope if fused else 0)
+            rows.append(row("mla_decode_partial 128h" + (" w_uk+w_uv" if fused else ""), torch.bfloat16, B, L, ms,
+                            kv_bytes, flops, ceil, base))
     return rows
 
 
-def merge_rows(copy_bw):
+def merge_rows(ceil):
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         N, T, H, D = 8, 64, 128, 512
@@ -145,9 +189,9 @@ def merge_rows(copy_bw):
         sets = [(torch.randn(N, T, H, D, device="cuda", dtype=dtype), torch.randn(N, T, H, device="cuda"))
                 for _ in range(enough_sets(moved))]
         ms = cuda_time(lambda o, l: dcp_ops.merge_partials(o, l), sets)
-        gbs = moved / ms / 1e6
-        rows.append(dict(op="merge_partials", dtype=str(dtype)[6:], B=T, L=N, ms=ms, GBps=gbs,
-                         copy_fraction=gbs / copy_bw, flashinfer_ms=flashinfer_merge_ms(sets)))
+        base = torch_ms(dict(torch=lambda o, l: tb.merge(o, l)[0]), sets, dcp_ops.merge_partials(*sets[0])[0])
+        base["flashinfer"] = flashinfer_merge_ms(sets)
+        rows.append(row(f"merge_partials N{N} H{H} D{D}", dtype, T, N, ms, moved, 0, ceil, base))
     return rows
 
 
@@ -158,19 +202,24 @@ def main():
     if not torch.cuda.is_available():
         print("bench_cuda.py: no GPU found; nothing was run.", file=sys.stderr)
         return 2
-    bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name(0)}: measured copy bandwidth {bw:.0f} GB/s")
-    rows = gqa_rows(bw) + mla_rows(bw) + merge_rows(bw)
-    print(f"{'op':<28} {'dtype':<9} {'B/T':>4} {'L/N':>6} {'ms':>8} {'GB/s':>7} {'of copy':>7} {'TFLOP/s':>7} "
-          f"{'flashinfer ms':>13}")
+    ceil = dict(copy_GBps=copy_bandwidth(), bf16_TFLOPs=matmul_rate())
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}: copy {ceil['copy_GBps']:.0f} GB/s (read + "
+          f"write), bf16 matmul {ceil['bf16_TFLOPs']:.0f} TFLOP/s")
+    rows = gqa_rows(ceil) + mla_rows(ceil) + merge_rows(ceil)
+    hdr = (f"{'op':<34} {'dtype':<8} {'B/T':>4} {'L/N':>6} {'ms':>8} {'GB/s':>6} {'TFLOP/s':>7} {'roof':>5} "
+           f"{'bmm':>8} {'sdpa':>8} {'torch':>8} {'flashinf':>8} {'vs best':>7}")
+    print(hdr)
+    print("-" * len(hdr))
     for r in rows:
-        fi = f"{r['flashinfer_ms']:>13.3f}" if r["flashinfer_ms"] is not None else f"{'-':>13}"
-        tf = f"{r['TFLOPs']:>7.1f}" if "TFLOPs" in r else f"{'-':>7}"
-        print(f"{r['op']:<28} {r['dtype']:<9} {r['B']:>4} {r['L']:>6} {r['ms']:>8.3f} {r['GBps']:>7.0f} "
-              f"{r['copy_fraction']:>7.2f} {tf} {fi}")
+        b = r["baselines_ms"]
+        cell = [f"{b[k]:>8.3f}" if b.get(k) is not None else f"{'-':>8}" for k in ("bmm", "sdpa", "torch", "flashinfer")]
+        vs = f"{r['speedup_vs_best']:>6.2f}x" if r["speedup_vs_best"] is not None else f"{'-':>7}"
+        print(f"{r['op']:<34} {r['dtype']:<8} {r['B']:>4} {r['L']:>6} {r['ms']:>8.3f} {r['GBps']:>6.0f} "
+              f"{r['TFLOPs']:>7.1f} {r['roofline_fraction']:>5.2f} {' '.join(cell)} {vs}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(0), copy_GBps=bw, rows=rows), f, indent=1)
+            json.dump(dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, ceilings=ceil, rows=rows), f,
+                      indent=1)
     return 0
 
 
