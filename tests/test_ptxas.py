@@ -12,7 +12,7 @@ NVCC = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc
 ARCHS = ["sm_80", "sm_90a", "sm_100a"]
 
 INSTANTIATE = """
-#include "kernels/gqa_decode.cuh"
+#include "kernels/gqa_decode_mma.cuh"
 #include "kernels/head_project.cuh"
 #include "kernels/merge.cuh"
 #include "kernels/mla_decode.cuh"
@@ -25,7 +25,7 @@ template <typename T> void all(cudaStream_t s) {
   merge<float, T>(MergeParams{}, s);
   correct_partial<T>(CorrectParams{}, s);
   pack_exchange<T>(PackParams{}, s);
-  gqa_split<T>(GqaParams{}, s);
+  gqa_split_pass<T>(GqaParams{}, s, true);  // the tensor-core kernels (16-bit T) and the SIMT ones
   for (int latent : {128, 256, 512})
     for (int rope : {0, 64}) mla_split<T>(MlaParams{}, latent, rope, s);
   head_project<T, T, float>(ProjectParams{}, s);
@@ -70,7 +70,7 @@ def test_kernels_have_no_spills_or_stack(compiled):
     kernels = re.findall(r"Compiling entry function '(\w+)'", report)
     names = " ".join(kernels)
     for family in ("merge_kernel", "correct_kernel", "pack_kernel", "write_kv_kernel", "gqa_split_kernel",
-                   "mla_split_kernel", "head_project_kernel"):
+                   "gqa_mma_kernel", "mla_split_kernel", "head_project_kernel"):
         assert family in names, f"{arch}: {family} not compiled: {names}"
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", report)]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
@@ -85,12 +85,12 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
         pytest.skip("cuobjdump not found (it ships with triton)")
     sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout
     functions = re.split(r"\n\s*Function : ", sass)
-    checked = 0
+    checked = mma = 0
     for fn in functions[1:]:
         name = fn.split("\n", 1)[0]
         # the 16-byte-pack instantiations: VEC = 4 (fp32) or 8 (16-bit) for merge, every GQA variant, MLA with a
         # latent of 256 or 512 (128 gives 16-bit types 8-byte packs)
-        wide = ("gqa_split_kernel" in name) or (
+        wide = ("gqa_split_kernel" in name) or ("gqa_mma_kernel" in name) or (
             "merge_kernel" in name and re.search(r"Li(4|8)E", name) is not None) or (
             "mla_split_kernel" in name and re.search(r"Li(256|512)E", name) is not None)
         if not wide:
@@ -98,4 +98,8 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
         checked += 1
         assert re.search(r"LDG\.E\.128", fn) or re.search(r"LDG\.E\.(?:EL\.)?128", fn), \
             f"{arch}: no 128-bit global load in {name}"
-    assert checked >= 22, f"{arch}: only {checked} wide kernels found in the SASS"
+        if "gqa_mma_kernel" in name:
+            mma += 1
+            assert re.search(r"HMMA\.16816\.F32", fn), f"{arch}: no tensor-core mma in {name}"
+    assert checked >= 30, f"{arch}: only {checked} wide kernels found in the SASS"
+    assert mma == 8, f"{arch}: {mma} tensor-core GQA kernels found in the SASS, expected 8 (2 types x 2 dims x 2 tiles)"

@@ -147,6 +147,26 @@ def test_gqa_decode_cuda_source(simt_ops, dtype, head_dim, group, hkv, block_siz
     assert_lse_matches(lse, r_lse, "lse (GQA CUDA source)")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim,group,hkv,block_size", [(128, 8, 2, 16), (64, 24, 1, 5), (128, 16, 1, 64),
+                                                           (64, 1, 3, 1), (128, 3, 2, 7)])
+def test_gqa_decode_cuda_source_tensor_cores_over_many_tokens(simt_ops, dtype, head_dim, group, hkv, block_size):
+    # The tensor-core kernel (16-bit caches, head dims 64 / 128): several 16-token steps per warp, several splits,
+    # lengths that end inside a step and inside a block, head tiles of 8 and 16 rows with unused rows (groups 1, 3,
+    # 24), block sizes below, at and above a step.
+    from conftest import paged_cache, randn
+    gen = torch.Generator().manual_seed(head_dim + group + block_size)
+    lens = [1100, 0, 17, 513]
+    k, table = paged_cache(lens, block_size, (hkv, head_dim), dtype, gen)
+    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
+    q = randn(len(lens), hkv * group, head_dim, dtype=dtype, gen=gen, scale=3.0)  # sharper softmax than 1.0
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out, lse = simt_ops.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
+    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
+    assert_matches(out, r_out, dtype, "out (GQA tensor-core CUDA source)")
+    assert_lse_matches(lse, r_lse, "lse (GQA tensor-core CUDA source)")
+
+
 def _mla_case(T_lens, heads, latent, rope, absorb, up, block_size, dtype, gen):
     from conftest import paged_cache, randn
     kv, table = paged_cache(T_lens, block_size, (latent + rope,), dtype, gen)

@@ -1,7 +1,8 @@
-// CUDA launcher of gqa_decode_partial: split-KV pass, then the merge of the splits. No host synchronisation: the
+// CUDA launcher of gqa_decode_partial: split-KV pass (on tensor cores for 16-bit caches with head dims 64 and 128 on
+// sm_80 and later, else the SIMT kernel), then the merge of the splits. No host synchronisation: the
 // split count comes from the block table's capacity, never from seq_lens' values.
 #include "cuda/launch.h"
-#include "kernels/gqa_decode.cuh"
+#include "kernels/gqa_decode_mma.cuh"
 #include "ops.h"
 
 namespace dcp_ops {
@@ -40,7 +41,7 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
                                static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
                                static_cast<int>(d.Dv), 1.f};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q.scalar_type(), "gqa_decode_partial", [&] {
-    cudaError_t e = kernels::gqa_split<scalar_t>(p, current_stream());
+    cudaError_t e = kernels::gqa_split_pass<scalar_t>(p, current_stream(), has_mma_sync());
     return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
   });
   DCP_CHECK_LAUNCH(err, "gqa_decode_partial");

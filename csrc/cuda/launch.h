@@ -14,8 +14,10 @@ namespace dcp_ops {
 inline cudaStream_t current_stream() { return nullptr; }
 // Under the executor outputs start as NaN, so an element a kernel never writes fails its test.
 inline at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& o) { return at::full(shape, NAN, o); }
+inline bool has_mma_sync() { return true; }  // the executor runs the tensor-core kernels too
 }  // namespace dcp_ops
 #else
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
@@ -24,6 +26,8 @@ inline at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& o) 
 namespace dcp_ops {
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(); }
 inline at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& o) { return at::empty(shape, o); }
+// Whether the current device runs mma.sync m16n8k16 with bf16 / fp16 inputs (sm_80 and later).
+inline bool has_mma_sync() { return at::cuda::getCurrentDeviceProperties()->major >= 8; }
 }  // namespace dcp_ops
 #endif
 

@@ -193,6 +193,19 @@ T exchange(T v, int src_lane) {  // every live lane publishes v, then reads src_
   return out;
 }
 
+// Every live lane publishes a pointer to its own data; then fn(at) runs, where at(l) is lane l's pointer. No lane
+// leaves before every lane has run fn, so the data behind the pointers stays valid (warp-wide register exchange,
+// as a tensor-core instruction does).
+template <typename F>
+void warp_view(const void* mine, F&& fn) {
+  Block& b = *g_block;
+  const int me = b.current, base = me - me % kWarp;
+  b.warp_slots[me] = reinterpret_cast<uintptr_t>(mine);
+  yield_as(State::WaitWarp);
+  fn([&](int l) { return reinterpret_cast<const void*>(static_cast<uintptr_t>(b.warp_slots[base + l])); });
+  yield_as(State::WaitWarp);
+}
+
 inline unsigned ballot(bool p) {
   Block& b = *g_block;
   const int me = b.current, base = me - me % kWarp;
@@ -239,6 +252,13 @@ inline int __all_sync(unsigned, int p) {
 template <typename T> T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
 template <typename T> T atomicMax(T* p, T v) { T old = *p; *p = old > v ? old : v; return old; }
 template <typename T> T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
+// Bytes of (y:x) picked by the selector's nibbles (the plain mode: selector bit 3 of a nibble must be clear).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t v = static_cast<uint64_t>(y) << 32 | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<unsigned>((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }

@@ -1,0 +1,231 @@
+// Paged GQA decode attention on tensor cores (bf16 / fp16 caches, head dims 64 and 128, sm_80 and later): the split
+// pass of gqa_decode.cuh with the scores and P.V of each 16-token step as mma.sync m16n8k16 products. The query heads
+// of one KV head are the 16 rows (GT = 8 of them for groups up to 8, else 16 per head tile); the softmax is updated
+// once per step, not once per token. Same parameters, outputs and merge as the SIMT kernel.
+//
+// Registers, for lane = 4 * g + t of a warp, in a step of tokens s .. s + 15:
+//   scores (Q K^T, k = head dims): a lane loads 16-byte chunks t, t + 4, ... of token s + 8 n + g's key (n = 0, 1),
+//     and chunk i's words 0-1 / 2-3 are the B fragment of k-tiles 2i / 2i + 1. The k order inside a tile is thus a
+//     permutation of the head dims; the query fragments are loaded in the same order, so the dot products are exact.
+//   P.V (k = tokens): the score fragments are already P's A fragment (rows = heads, k = tokens 2t, 2t+1, 2t+8, 2t+9),
+//     and those are the tokens whose values the lane loads: chunks g and g + 8 (and so on per 64 dims) of each.
+//     Column g of n-tile (h, j) is head dim 64 h + 8 g + j; byte permutes pair two tokens' elements per register.
+//   P is split into hi + lo 16-bit parts (two products), so P.V is as accurate as with fp32 probabilities.
+// Tokens past the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0.
+#pragma once
+
+#include "kernels/gqa_decode.cuh"
+#include "kernels/mma.cuh"
+
+namespace dcp_ops::kernels {
+
+constexpr int kGqaMmaWarps = 4;
+
+// The cache row of token j of sequence `seq` (block id, or -1 when j is not read), from the step's first block.
+struct StepBlocks {
+  int first_block, first_off;
+  __device__ __forceinline__ int64_t block_of(const GqaParams& p, int seq, int j, int j1, int d, int64_t& off) const {
+    int b = first_block, o = first_off + d;
+    while (o >= p.block_size) {  // at most once for block sizes of 16 and more
+      o -= p.block_size;
+      ++b;
+    }
+    off = o;
+    if (j >= j1) return -1;
+    const int64_t block = p.block_table[seq * p.bt_st + b];
+    return block >= 0 && block < p.num_blocks ? block : -1;
+  }
+};
+
+template <typename T, int D, int GT>
+__global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p) {
+  static_assert(D == 64 || D == 128, "head dims 64 and 128");
+  static_assert(GT == 8 || GT == 16, "8 or 16 query heads per tile");
+  constexpr int KC = D / 32;     // key chunks per lane and token (two k-tiles each)
+  constexpr int VH = D / 64;     // value chunks per lane and token
+  constexpr bool ROWS16 = GT == 16;
+  const int split = blockIdx.x, tile = blockIdx.y, seq = blockIdx.z;
+  const int G = p.Hq / p.Hkv, tiles = (G + GT - 1) / GT;
+  const int kvh = tile / tiles, g0 = (tile % tiles) * GT, ng = min(GT, G - g0);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  DCP_DYNAMIC_SMEM(float, smem);
+  const SlotState st(smem, kGqaMmaWarps, GT);
+
+  // Query fragments: rows g and g + 8 (heads g0 + row), k order of the key chunks (see above).
+  uint32_t qa[2 * KC][4];
+  {
+    const T* q = static_cast<const T*>(p.q) + seq * p.q_st + (kvh * G + g0) * p.q_sh;
+    auto word = [&](int row, int dim) {
+      return row < ng ? pack2(q[row * p.q_sh + dim], q[row * p.q_sh + dim + 1]) : 0u;
+    };
+#pragma unroll
+    for (int i = 0; i < KC; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int d = 8 * (t + 4 * i) + 4 * h;
+        qa[2 * i + h][0] = word(g, d);
+        qa[2 * i + h][1] = ROWS16 ? word(g + 8, d) : 0u;
+        qa[2 * i + h][2] = word(g, d + 2);
+        qa[2 * i + h][3] = ROWS16 ? word(g + 8, d + 2) : 0u;
+      }
+  }
+  float acc[8 * VH][4], m[2], l[2];
+#pragma unroll
+  for (int n = 0; n < 8 * VH; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+  m[0] = m[1] = -INFINITY;
+  l[0] = l[1] = 0.f;
+
+  int len = p.seq_lens[seq];
+  len = max(0, min(len, p.max_blocks * p.block_size));
+  const int j0 = split * p.tokens_per_split, j1 = min(len, j0 + p.tokens_per_split);
+  const T* kbase = static_cast<const T*>(p.k) + kvh * p.k_sh;
+  const T* vbase = static_cast<const T*>(p.v) + kvh * p.v_sh;
+  using W4 = Pack<uint32_t, 4>;  // 8 elements as 4 registers of pairs, the lower index in the low half
+  for (int s = j0 + 16 * warp; s < j1; s += 16 * kGqaMmaWarps) {  // warp-uniform
+    const StepBlocks sb{s / p.block_size, s % p.block_size};
+    // keys: token s + 8 n + g, chunks t + 4 i
+    uint32_t kw[2][KC][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      int64_t off;
+      const int64_t block = sb.block_of(p, seq, s + 8 * n + g, j1, 8 * n + g, off);
+#pragma unroll
+      for (int i = 0; i < KC; ++i) {
+        W4 pk{};
+        if (block >= 0) pk = *reinterpret_cast<const W4*>(kbase + block * p.k_sb + off * p.k_st + 8 * (t + 4 * i));
+#pragma unroll
+        for (int w = 0; w < 4; ++w) kw[n][i][w] = pk.v[w];
+      }
+    }
+    // values: tokens s + 2t + e + 8u, chunks g + 8 h
+    uint32_t vw[2][2][VH][4];
+    bool valid[2][2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        int64_t off;
+        const int d = 8 * u + 2 * t + e;
+        const int64_t block = sb.block_of(p, seq, s + d, j1, d, off);
+        valid[u][e] = block >= 0;
+#pragma unroll
+        for (int h = 0; h < VH; ++h) {
+          W4 pv{};
+          if (block >= 0) pv = *reinterpret_cast<const W4*>(vbase + block * p.v_sb + off * p.v_st + 8 * (g + 8 * h));
+#pragma unroll
+          for (int w = 0; w < 4; ++w) vw[u][e][h][w] = pv.v[w];
+        }
+      }
+    // scores: sc[u] = rows (g, g + 8) x tokens (s + 8u + 2t, + 1)
+    float sc[2][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sc[u][i] = 0.f;
+#pragma unroll
+      for (int i = 0; i < KC; ++i) {
+        const uint32_t b0[2] = {kw[u][i][0], kw[u][i][1]}, b1[2] = {kw[u][i][2], kw[u][i][3]};
+        mma_16816<T>(sc[u], qa[2 * i], b0);
+        mma_16816<T>(sc[u], qa[2 * i + 1], b1);
+      }
+    }
+    // online softmax, once per step: row r's scores are sc[u][2r + e]; the 4 lanes of a row group share m
+    uint32_t ph[4], pl[4];
+#pragma unroll
+    for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
+      float x[2][2], mx = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          x[u][e] = valid[u][e] ? sc[u][2 * r + e] * p.scale_log2 : -INFINITY;
+          mx = fmaxf(mx, x[u][e]);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r], mx), base = m_new == -INFINITY ? 0.f : m_new;
+      const float a = exp2f(m[r] - base);
+      float pw[2][2], sum = 0.f;
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          pw[u][e] = exp2f(x[u][e] - base);
+          sum += pw[u][e];
+        }
+      l[r] = l[r] * a + sum;
+      m[r] = m_new;
+#pragma unroll
+      for (int n = 0; n < 8 * VH; ++n) {
+        acc[n][2 * r] *= a;
+        acc[n][2 * r + 1] *= a;
+      }
+      // A fragment of P: register r (rows g / g + 8) for tokens 2t, 2t+1 (u = 0), register 2 + r for u = 1
+      split2<T>(pw[0][0], pw[0][1], ph[r], pl[r]);
+      split2<T>(pw[1][0], pw[1][1], ph[2 + r], pl[2 + r]);
+    }
+    if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
+    // P.V: n-tile (h, j), column g = head dim 64 h + 8 g + j; k = tokens 2t, 2t+1 | 2t+8, 2t+9
+#pragma unroll
+    for (int h = 0; h < VH; ++h)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t b[2] = {pair_rows(vw[0][0][h], vw[0][1][h], j), pair_rows(vw[1][0][h], vw[1][1][h], j)};
+        const uint32_t (&ahi)[4] = ph, (&alo)[4] = pl;
+        mma_16816<T>(acc[8 * h + j], ahi, b);
+        mma_16816<T>(acc[8 * h + j], alo, b);
+      }
+  }
+  // the row sums of the 4 lanes of a row group; then this warp's state into slot `warp`
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
+    const int row = g + 8 * r;
+    if (t == 0) {
+      st.m[warp * GT + row] = m[r];
+      st.l[warp * GT + row] = l[r];
+    }
+    float* o = st.o + (warp * GT + row) * D;
+#pragma unroll
+    for (int h = 0; h < VH; ++h)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {  // C columns 2t, 2t+1 of n-tile (h, j): head dims 64 h + 8 (2t + e) + j
+        o[64 * h + 16 * t + j] = acc[8 * h + j][2 * r];
+        o[64 * h + 16 * t + 8 + j] = acc[8 * h + j][2 * r + 1];
+      }
+  }
+  __syncthreads();
+  const int64_t row = (static_cast<int64_t>(split) * p.T + seq) * p.Hq + kvh * G + g0;
+  combine_slots(st, kGqaMmaWarps, GT, ng, D, p.part_o + row * D, p.part_lse + row);
+}
+
+template <typename T, int D, int GT>
+cudaError_t gqa_mma_launch(const GqaParams& p, cudaStream_t stream) {
+  const int G = p.Hq / p.Hkv;
+  const dim3 grid(p.splits, p.Hkv * ((G + GT - 1) / GT), p.T);
+  auto kernel = gqa_mma_kernel<T, D, GT>;
+  DCP_LAUNCH(kernel, grid, dim3(32 * kGqaMmaWarps), slot_smem_bytes(kGqaMmaWarps, GT, D), stream, p);
+  return cudaGetLastError();
+}
+
+// The split pass of gqa_decode_partial: on tensor cores for 16-bit caches with head dims 64 and 128 when the device
+// has them (sm_80 and later), else the SIMT kernel of gqa_decode.cuh.
+template <typename T>
+cudaError_t gqa_split_pass(const GqaParams& p, cudaStream_t stream, bool tensor_cores) {
+  if constexpr (sizeof(T) == 2) {
+    if (tensor_cores && (p.D == 64 || p.D == 128)) {
+      const bool wide = p.Hq / p.Hkv > 8;
+      if (p.D == 64) return wide ? gqa_mma_launch<T, 64, 16>(p, stream) : gqa_mma_launch<T, 64, 8>(p, stream);
+      return wide ? gqa_mma_launch<T, 128, 16>(p, stream) : gqa_mma_launch<T, 128, 8>(p, stream);
+    }
+  }
+  return gqa_split<T>(p, stream);
+}
+
+}  // namespace dcp_ops::kernels

@@ -1,0 +1,107 @@
+// Warp-level tensor-core product mma.sync m16n8k16 (bf16 or fp16 inputs, fp32 accumulators, sm_80 and later) and
+// the 16-bit packing helpers around it. Under DCP_SIMT the executor computes the same product from the warp's
+// fragments, so the tests run the kernels that use it.
+//
+// Fragment layout (PTX ISA, mma.m16n8k16 with .bf16 / .f16), for lane = 4 * g + t:
+//   A 16 x 16 (row):  a[0] = A[g][2t, 2t+1]  a[1] = A[g+8][2t, 2t+1]  a[2] = A[g][2t+8, 2t+9]  a[3] = A[g+8][2t+8, 2t+9]
+//   B 16 x 8 (col):   b[0] = B[2t, 2t+1][g]  b[1] = B[2t+8, 2t+9][g]
+//   C 16 x 8 (fp32):  c[0], c[1] = C[g][2t, 2t+1]  c[2], c[3] = C[g+8][2t, 2t+1]
+// A register holds two elements, the lower k (or column) in its low 16 bits.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace dcp_ops::kernels {
+
+template <typename T> __device__ __forceinline__ uint32_t bits16(T x);
+#ifdef DCP_SIMT
+template <> inline uint32_t bits16<__nv_bfloat16>(__nv_bfloat16 x) { return x.bits; }
+template <> inline uint32_t bits16<__half>(__half x) { return x.bits; }
+#else
+template <> __device__ __forceinline__ uint32_t bits16<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+template <> __device__ __forceinline__ uint32_t bits16<__half>(__half x) { return __half_as_ushort(x); }
+#endif
+
+// Two elements in one register: lo in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(T lo, T hi) { return bits16(lo) | bits16(hi) << 16; }
+
+// p0, p1 as two registers of T pairs, hi (p rounded) and lo (what rounding lost, rounded), p ~ hi + lo to about
+// 2^-17 relative: a product with both is as accurate as one with fp32 inputs, at twice the tensor-core work.
+template <typename T>
+__device__ __forceinline__ void split2(float p0, float p1, uint32_t& hi, uint32_t& lo) {
+  const T h0 = from_f32<T>(p0), h1 = from_f32<T>(p1);
+  hi = pack2(h0, h1);
+  lo = pack2(from_f32<T>(p0 - to_f32(h0)), from_f32<T>(p1 - to_f32(h1)));
+}
+
+// Element j (0..7) of the 8 packed 16-bit elements w[0..3] of row x and of row y, as the pair (x_j, y_j): the B
+// fragment register of two consecutive k (rows) in one column.
+__device__ __forceinline__ uint32_t pair_rows(const uint32_t (&x)[4], const uint32_t (&y)[4], int j) {
+  return __byte_perm(x[j / 2], y[j / 2], j % 2 ? 0x7632 : 0x5410);
+}
+
+// c += A * B.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+
+#ifdef DCP_SIMT
+template <typename T>
+inline float half_of(uint32_t r, int high) {
+  T x;
+  x.bits = static_cast<uint16_t>(high ? r >> 16 : r & 0xffffu);
+  return to_f32(x);
+}
+
+template <typename T>
+inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  struct Frag {
+    uint32_t a[4], b[2];
+  } mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}};
+  const int lane = simt::lane(), g = lane / 4, t = lane % 4;
+  float out[4];
+  simt::warp_view(&mine, [&](auto at) {
+    auto A = [&](int row, int k) {
+      const Frag& f = *static_cast<const Frag*>(at(4 * (row % 8) + (k % 8) / 2));
+      return half_of<T>(f.a[(row >= 8) + 2 * (k >= 8)], k % 2);
+    };
+    auto B = [&](int k, int n) {
+      const Frag& f = *static_cast<const Frag*>(at(4 * n + (k % 8) / 2));
+      return half_of<T>(f.b[k >= 8], k % 2);
+    };
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i >= 2), col = 2 * t + (i & 1);
+      float s = 0.f;
+      for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, col);
+      out[i] = c[i] + s;
+    }
+  });
+  for (int i = 0; i < 4; ++i) c[i] = out[i];
+}
+#else
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
+                                                         const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // the launchers choose these kernels on sm_80 and later only
+#else
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+#endif
+
+}  // namespace dcp_ops::kernels
