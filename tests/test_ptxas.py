@@ -15,7 +15,7 @@ INSTANTIATE = """
 #include "kernels/gqa_decode_mma.cuh"
 #include "kernels/head_project.cuh"
 #include "kernels/merge.cuh"
-#include "kernels/mla_decode.cuh"
+#include "kernels/mla_decode_mma.cuh"
 #include "kernels/write_kv.cuh"
 // The launchers instantiate every kernel variant they can pick (16-byte packs and scalar, each head tile).
 namespace dcp_ops::kernels {
@@ -25,9 +25,13 @@ template <typename T> void all(cudaStream_t s) {
   merge<float, T>(MergeParams{}, s);
   correct_partial<T>(CorrectParams{}, s);
   pack_exchange<T>(PackParams{}, s);
-  gqa_split_pass<T>(GqaParams{}, s, true);  // the tensor-core kernels (16-bit T) and the SIMT ones
+  gqa_split<T>(GqaParams{}, s);             // the SIMT kernels (any device)
+  gqa_split_pass<T>(GqaParams{}, s, true);  // and the tensor-core ones (16-bit T, sm_80+)
   for (int latent : {128, 256, 512})
-    for (int rope : {0, 64}) mla_split<T>(MlaParams{}, latent, rope, s);
+    for (int rope : {0, 64}) {
+      mla_split<T>(MlaParams{}, latent, rope, s);
+      mla_split_pass<T>(MlaParams{}, latent, rope, s, true);
+    }
   head_project<T, T, float>(ProjectParams{}, s);
   head_project<float, T, T>(ProjectParams{}, s);
 }
@@ -70,7 +74,7 @@ def test_kernels_have_no_spills_or_stack(compiled):
     kernels = re.findall(r"Compiling entry function '(\w+)'", report)
     names = " ".join(kernels)
     for family in ("merge_kernel", "correct_kernel", "pack_kernel", "write_kv_kernel", "gqa_split_kernel",
-                   "gqa_mma_kernel", "mla_split_kernel", "head_project_kernel"):
+                   "gqa_mma_kernel", "mla_split_kernel", "mla_mma_kernel", "head_project_kernel"):
         assert family in names, f"{arch}: {family} not compiled: {names}"
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", report)]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
@@ -101,5 +105,12 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
         if "gqa_mma_kernel" in name:
             mma += 1
             assert re.search(r"HMMA\.16816\.F32", fn), f"{arch}: no tensor-core mma in {name}"
+    for fn in functions[1:]:  # MLA on tensor cores: rows reach shared memory by 16-byte cp.async
+        name = fn.split("\n", 1)[0]
+        if "mla_mma_kernel" in name:
+            mma += 1
+            assert re.search(r"HMMA\.16816\.F32", fn), f"{arch}: no tensor-core mma in {name}"
+            assert re.search(r"LDGSTS\.E\.(?:BYPASS\.)?128", fn), f"{arch}: no 16-byte cp.async in {name}"
     assert checked >= 30, f"{arch}: only {checked} wide kernels found in the SASS"
-    assert mma == 8, f"{arch}: {mma} tensor-core GQA kernels found in the SASS, expected 8 (2 types x 2 dims x 2 tiles)"
+    assert mma == 16, f"{arch}: {mma} tensor-core kernels found in the SASS, expected 16 (2 types x 2 dims x 2 tiles " \
+        "for GQA, 2 types x 2 latents x 2 ropes for MLA)"

@@ -202,6 +202,25 @@ def test_mla_decode_cuda_source_many_tokens_and_splits(simt_ops):
     assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == -math.inf).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,latent,rope,block_size,absorb", [(16, 512, 64, 64, True), (20, 256, 0, 5, False),
+                                                                  (5, 512, 0, 16, True), (3, 256, 64, 1, False)])
+def test_mla_decode_cuda_source_tensor_cores_over_many_tokens(simt_ops, dtype, heads, latent, rope, block_size,
+                                                               absorb):
+    # The tensor-core kernel (16-bit caches, latent 256 / 512): several 16-token steps through both shared-memory
+    # stages, two KV splits, lengths that end inside a step and inside a block, head tiles with unused rows (5, 3, and
+    # 20 = 16 + 4), a sharper softmax than the default (query x 3), and block sizes below, at and above a step.
+    lens = [700, 0, 17, 33]
+    q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv = _mla_case(
+        lens, heads, latent, rope, absorb, absorb, block_size, dtype, torch.Generator().manual_seed(heads + latent))
+    q_nope, q_pe = (q_nope.float() * 3).to(dtype), (q_pe.float() * 3).to(dtype)
+    out, lse = simt_ops.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
+    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
+    assert_matches(out, r_out, dtype, "out (MLA tensor-core CUDA source)")
+    assert_lse_matches(lse, r_lse, "lse (MLA tensor-core CUDA source)")
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == -math.inf).all())
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_mla_decode_cuda_source_fp32_sharp_softmax(simt_ops, seed):
     from conftest import sharp_mla_case

@@ -1,10 +1,11 @@
-// CUDA launcher of mla_decode_partial: query staging (w_uk absorption and scale, head_project), the split-KV pass,
+// CUDA launcher of mla_decode_partial: query staging (w_uk absorption and scale, head_project), the split-KV pass (on
+// tensor cores for 16-bit caches with latent 256 or 512 on sm_80 and later, else the SIMT kernel),
 // the merge of the splits, and the optional w_uv up-projection (head_project). No host synchronisation: the split
 // count comes from the block table's capacity, never from seq_lens' values.
 #include "cuda/launch.h"
 #include "kernels/head_project.cuh"
 #include "kernels/merge.cuh"
-#include "kernels/mla_decode.cuh"
+#include "kernels/mla_decode_mma.cuh"
 #include "ops.h"
 
 namespace dcp_ops {
@@ -67,8 +68,9 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
     cudaError_t e = project<scalar_t, scalar_t, float>(q_nope, w_uk, qp, d.Hq * DK, DK, latent, scale_log2);
     if (e == cudaSuccess && rope > 0)
       e = project<scalar_t, scalar_t, float>(q_pe, std::nullopt, qp + latent, d.Hq * DK, DK, rope, scale_log2);
-    if (e == cudaSuccess) e = kernels::mla_split<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope),
-                                                           current_stream());
+    if (e == cudaSuccess)
+      e = kernels::mla_split_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope), current_stream(),
+                                            has_mma_sync());
     if (!w_uv.has_value()) return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
     if (e == cudaSuccess) e = kernels::merge<float, float>(m, current_stream());
     return e != cudaSuccess ? e

@@ -163,8 +163,13 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p)
         acc[n][2 * r + 1] *= a;
       }
       // A fragment of P: register r (rows g / g + 8) for tokens 2t, 2t+1 (u = 0), register 2 + r for u = 1
-      split2<T>(pw[0][0], pw[0][1], ph[r], pl[r]);
-      split2<T>(pw[1][0], pw[1][1], ph[2 + r], pl[2 + r]);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        uint32_t terms[2];
+        split_terms<T, 2>(pw[u][0], pw[u][1], terms);
+        ph[2 * u + r] = terms[0];
+        pl[2 * u + r] = terms[1];
+      }
     }
     if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
     // P.V: n-tile (h, j), column g = head dim 64 h + 8 g + j; k = tokens 2t, 2t+1 | 2t+8, 2t+9

@@ -26,13 +26,18 @@ template <> __device__ __forceinline__ uint32_t bits16<__half>(__half x) { retur
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(T lo, T hi) { return bits16(lo) | bits16(hi) << 16; }
 
-// p0, p1 as two registers of T pairs, hi (p rounded) and lo (what rounding lost, rounded), p ~ hi + lo to about
-// 2^-17 relative: a product with both is as accurate as one with fp32 inputs, at twice the tensor-core work.
-template <typename T>
-__device__ __forceinline__ void split2(float p0, float p1, uint32_t& hi, uint32_t& lo) {
-  const T h0 = from_f32<T>(p0), h1 = from_f32<T>(p1);
-  hi = pack2(h0, h1);
-  lo = pack2(from_f32<T>(p0 - to_f32(h0)), from_f32<T>(p1 - to_f32(h1)));
+// x0, x1 as N registers of T pairs: term i is what terms 0 .. i-1 left of x, rounded to T. Two terms carry about
+// 17 bits (bf16) of x, three about 25: a product with all of them is as accurate as one with fp32 inputs to that
+// precision, at N times the tensor-core work.
+template <typename T, int N>
+__device__ __forceinline__ void split_terms(float x0, float x1, uint32_t (&terms)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const T a = from_f32<T>(x0), b = from_f32<T>(x1);
+    terms[i] = pack2(a, b);
+    x0 -= to_f32(a);
+    x1 -= to_f32(b);
+  }
 }
 
 // Element j (0..7) of the 8 packed 16-bit elements w[0..3] of row x and of row y, as the pair (x_j, y_j): the B

@@ -1,0 +1,236 @@
+// Paged MLA decode attention on tensor cores (bf16 / fp16 caches, latent 256 or 512, rope 0 or 64, sm_80 and later):
+// the split pass of mla_decode.cuh with 16 query heads per block as the rows of mma.sync m16n8k16 products (fragment
+// layouts in mma.cuh). A block's DL / 64 warps take 16-token steps together:
+//   - the step's cache rows go to shared memory by cp.async, in two stages: the next step's copy is in flight during
+//     this step's arithmetic;
+//   - each warp computes partial scores over its key chunk groups (32 dims each: groups warp, warp + warps, ...), in
+//     the permuted k order of gqa_decode_mma.cuh, and the block sums the partials in shared memory, in fragment order;
+//   - every warp runs the same softmax update on the same sums (so the same m and l), and accumulates P.V for its 64
+//     latent dims.
+// The absorbed fp32 query enters as 3 16-bit terms and P as 2 (split_terms), so the scores are as accurate as fp32
+// ones and P.V as with fp32 probabilities: with 2 query terms the LSE misses the tolerance table at sharp softmax.
+// Shared rows are swizzled: 16-byte chunk c of row r sits at c ^ swizzle(r), which keeps both the key reads (8 rows x
+// 4 chunks per quarter-warp) and the value reads (4 rows x 2 chunks) on distinct banks. Tokens past the split, past seq_len, or in blocks outside the cache are never read (zeros) and get
+// P = 0. Writes the normalised fp32 partial and natural LSE of each split, as mla_split_kernel does.
+#pragma once
+
+#include "kernels/cp_async.cuh"
+#include "kernels/mla_decode.cuh"
+#include "kernels/mma.cuh"
+
+namespace dcp_ops::kernels {
+
+__device__ __forceinline__ int mla_swizzle(int r) { return (((r >> 1) & 3) << 1) ^ ((r & 1) << 2); }
+
+template <int NW, int DK, typename T>
+constexpr int mla_mma_smem_bytes() {  // partial scores, row offsets of 3 steps, two stages of 16 rows
+  return NW * 2 * 32 * 4 * 4 + 3 * 16 * 8 + 2 * 16 * DK * static_cast<int>(sizeof(T));
+}
+
+template <typename T, int DL, int DR>
+__global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
+  constexpr int NW = DL / 64, DK = DL + DR, CH = DK / 8;  // warps; a row: CH chunks of 8 elements (16 bytes)
+  constexpr int CG = DK / 32, CGW = (CG + NW - 1) / NW;  // key chunk groups of 32 dims; per warp at most
+  static_assert(DL % 256 == 0 && DR % 64 == 0, "latent a multiple of 256, rope of 64");
+  const int split = blockIdx.y, seq = blockIdx.z, h0 = blockIdx.x * 16, ng = min(16, p.H - h0);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  DCP_DYNAMIC_SMEM(float, smem);
+  float* part = smem;                                            // [warps][2][32][4] partial scores
+  int64_t* rowoff = reinterpret_cast<int64_t*>(part + NW * 256);  // [3][16]: a row's element offset in kv, or -1
+  T* rows = reinterpret_cast<T*>(rowoff + 3 * 16);               // [2][16][DK], swizzled
+  using W4 = Pack<uint32_t, 4>;
+
+  // Query fragments (3 terms) of this warp's chunk groups; register r4 is row g + 8 (r4 & 1), dims + 2 (r4 >> 1).
+  uint32_t qa[CGW][2][3][4];
+  const float* q = p.q + (static_cast<int64_t>(seq) * p.H + h0) * DK;
+#pragma unroll
+  for (int i = 0; i < CGW; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int r4 = 0; r4 < 4; ++r4) {
+        const int cg = warp + NW * i, row = g + 8 * (r4 & 1);
+        const int d = 8 * (4 * cg + t) + 4 * h + 2 * (r4 >> 1);
+        uint32_t terms[3] = {0u, 0u, 0u};
+        if (cg < CG && row < ng) split_terms<T, 3>(q[row * DK + d], q[row * DK + d + 1], terms);
+#pragma unroll
+        for (int k = 0; k < 3; ++k) qa[i][h][k][r4] = terms[k];
+      }
+
+  int len = p.seq_lens[seq];
+  len = max(0, min(len, p.max_blocks * p.block_size));
+  const int j0 = split * p.tokens_per_split, j1 = min(len, j0 + p.tokens_per_split);
+  const T* kv = static_cast<const T*>(p.kv);
+  auto row_of = [&](int j) -> int64_t {  // token j's row offset, or -1 when it is not read
+    if (j >= j1) return -1;
+    const int64_t block = p.block_table[seq * p.bt_st + j / p.block_size];
+    return block >= 0 && block < p.num_blocks ? block * p.kv_sb + static_cast<int64_t>(j % p.block_size) * p.kv_st
+                                              : -1;
+  };
+  auto issue = [&](int buf, int stage) {  // cp.async of the rows whose offsets are in rowoff[buf] into `stage`
+    for (int i = threadIdx.x; i < 16 * CH; i += 32 * NW) {
+      const int r = i / CH, c = i % CH;
+      const int64_t off = rowoff[buf * 16 + r];
+      cp_async16(rows + (stage * 16 + r) * DK + 8 * (c ^ mla_swizzle(r)), kv + (off >= 0 ? off + 8 * c : 0),
+                 off >= 0);
+    }
+  };
+
+  float acc[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+  // Step k's rows are in stage k % 2 and their offsets in rowoff[k % 3]. The offsets of step k + 2 are read from
+  // the block table at the start of step k and stored at its end, so that read's latency overlaps the arithmetic.
+  const int steps = j1 > j0 ? (j1 - j0 + 15) / 16 : 0;
+  if (threadIdx.x < 16) {
+    rowoff[threadIdx.x] = row_of(j0 + threadIdx.x);
+    rowoff[16 + threadIdx.x] = row_of(j0 + 16 + threadIdx.x);
+  }
+  __syncthreads();
+  if (steps > 0) issue(0, 0);
+  cp_async_commit();
+  for (int k = 0; k < steps; ++k) {
+    const int stage = k & 1, buf = k % 3;
+    const int64_t ahead = threadIdx.x < 16 ? row_of(j0 + 16 * (k + 2) + threadIdx.x) : -1;
+    if (k + 1 < steps) issue((k + 1) % 3, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();  // this step's rows are in
+    const T* R = rows + stage * 16 * DK;
+    float sc[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {  // keys: row 8 n + g, chunks 4 cg + t
+      const T* row = R + (8 * n + g) * DK;
+      const int sw = mla_swizzle(8 * n + g);
+      float c3[3][4];  // one accumulator per query term: 3 independent chains of tensor-core products, not one
+#pragma unroll
+      for (int k = 0; k < 3; ++k)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c3[k][i] = 0.f;
+#pragma unroll
+      for (int i = 0; i < CGW; ++i) {
+        const int cg = warp + NW * i;
+        if (CG % NW != 0 && cg >= CG) break;  // warp-uniform
+        const W4 w = *reinterpret_cast<const W4*>(row + 8 * ((4 * cg + t) ^ sw));
+        const uint32_t b0[2] = {w.v[0], w.v[1]}, b1[2] = {w.v[2], w.v[3]};
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+          mma_16816<T>(c3[k], qa[i][0][k], b0);
+          mma_16816<T>(c3[k], qa[i][1][k], b1);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[((warp * 2 + n) * 32 + lane) * 4 + i] = c3[0][i] + (c3[1][i] + c3[2][i]);
+    }
+    __syncthreads();  // every warp's partial scores are in
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float x = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) x += part[((w * 2 + n) * 32 + lane) * 4 + i];
+        sc[n][i] = x;
+      }
+    // online softmax of rows g, g + 8 (scores already in log2 units), tokens 8u + 2t + e
+    uint32_t ph[4], pl[4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float x[2][2], mx = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          x[u][e] = rowoff[buf * 16 + 8 * u + 2 * t + e] >= 0 ? sc[u][2 * r + e] : -INFINITY;
+          mx = fmaxf(mx, x[u][e]);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r], mx), base = m_new == -INFINITY ? 0.f : m_new;
+      const float a = exp2f(m[r] - base);
+      float pw[2][2], sum = 0.f;
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          pw[u][e] = exp2f(x[u][e] - base);
+          sum += pw[u][e];
+        }
+      l[r] = l[r] * a + sum;
+      m[r] = m_new;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        acc[n][2 * r] *= a;
+        acc[n][2 * r + 1] *= a;
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {  // register r (rows g / g + 8) of tokens 2t, 2t+1; register 2 + r of 8 more
+        uint32_t terms[2];
+        split_terms<T, 2>(pw[u][0], pw[u][1], terms);
+        ph[2 * u + r] = terms[0];
+        pl[2 * u + r] = terms[1];
+      }
+    }
+    // P.V over this warp's latent dims: n-tile j, column g = dim 64 warp + 8 g + j; rows 8u + 2t + e
+    uint32_t vw[2][2][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * u + 2 * t + e;
+        const W4 w = *reinterpret_cast<const W4*>(R + r * DK + 8 * ((8 * warp + g) ^ mla_swizzle(r)));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) vw[u][e][i] = w.v[i];
+      }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t b[2] = {pair_rows(vw[0][0], vw[0][1], j), pair_rows(vw[1][0], vw[1][1], j)};
+      mma_16816<T>(acc[j], ph, b);
+      mma_16816<T>(acc[j], pl, b);
+    }
+    if (threadIdx.x < 16) rowoff[(k + 2) % 3 * 16 + threadIdx.x] = ahead;  // last read in step k - 1
+    __syncthreads();  // before the next step overwrites the partial scores and, one step on, this stage
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int row = g + 8 * r;
+    if (row >= ng) continue;
+    const int64_t prow = (static_cast<int64_t>(split) * p.T + seq) * p.H + h0 + row;
+    float* o = p.part_o + prow * DL + 64 * warp;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // C columns 2t, 2t + 1 of n-tile j: dims 8 (2t + e) + j
+      o[16 * t + j] = acc[j][2 * r] * inv;
+      o[16 * t + 8 + j] = acc[j][2 * r + 1] * inv;
+    }
+    if (warp == 0 && t == 0) p.part_lse[prow] = l[r] > 0.f ? (m[r] + log2f(l[r])) * 0.69314718f : -INFINITY;
+  }
+}
+
+template <typename T, int DL, int DR>
+cudaError_t mla_mma_launch(const MlaParams& p, cudaStream_t stream) {
+  const dim3 grid((p.H + 15) / 16, p.splits, p.T);  // a split's head tiles side by side: they share its rows in L2
+  auto kernel = mla_mma_kernel<T, DL, DR>;
+  const int smem = mla_mma_smem_bytes<DL / 64, DL + DR, T>();
+  DCP_LAUNCH(kernel, grid, dim3(DL / 2), smem, stream, p);
+  return cudaGetLastError();
+}
+
+// The split pass of mla_decode_partial: on tensor cores for 16-bit caches with latent 256 or 512 when the device has
+// them (sm_80 and later), else the SIMT kernel of mla_decode.cuh.
+template <typename T>
+cudaError_t mla_split_pass(const MlaParams& p, int latent, int rope, cudaStream_t stream, bool tensor_cores) {
+  if constexpr (sizeof(T) == 2) {
+    if (tensor_cores && (latent == 256 || latent == 512)) {
+      if (latent == 512) return rope == 64 ? mla_mma_launch<T, 512, 64>(p, stream) : mla_mma_launch<T, 512, 0>(p, stream);
+      return rope == 64 ? mla_mma_launch<T, 256, 64>(p, stream) : mla_mma_launch<T, 256, 0>(p, stream);
+    }
+  }
+  return mla_split<T>(p, latent, rope, stream);
+}
+
+}  // namespace dcp_ops::kernels
