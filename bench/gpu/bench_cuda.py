@@ -212,7 +212,8 @@ def main():
     print("-" * len(hdr))
     for r in rows:
         b = r["baselines_ms"]
-        cell = [f"{b[k]:>8.3f}" if b.get(k) is not None else f"{'-':>8}" for k in ("bmm", "sdpa", "torch", "flashinfer")]
+        cell = [f"{b[k]:>8.3f}" if b.get(k) is not None else f"{'-':>8}"
+                for k in ("bmm", "sdpa", "torch", "flashinfer")]
         vs = f"{r['speedup_vs_best']:>6.2f}x" if r["speedup_vs_best"] is not None else f"{'-':>7}"
         print(f"{r['op']:<34} {r['dtype']:<8} {r['B']:>4} {r['L']:>6} {r['ms']:>8.3f} {r['GBps']:>6.0f} "
               f"{r['TFLOPs']:>7.1f} {r['roofline_fraction']:>5.2f} {' '.join(cell)} {vs}", flush=True)

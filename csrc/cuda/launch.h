@@ -17,7 +17,6 @@ inline at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& o) 
 inline bool has_mma_sync() { return true; }  // the executor runs the tensor-core kernels too
 }  // namespace dcp_ops
 #else
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
@@ -26,8 +25,13 @@ inline bool has_mma_sync() { return true; }  // the executor runs the tensor-cor
 namespace dcp_ops {
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(); }
 inline at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& o) { return at::empty(shape, o); }
-// Whether the current device runs mma.sync m16n8k16 with bf16 / fp16 inputs (sm_80 and later).
-inline bool has_mma_sync() { return at::cuda::getCurrentDeviceProperties()->major >= 8; }
+// Whether the current device runs mma.sync m16n8k16 with bf16 / fp16 inputs (sm_80 and later). A cached attribute
+// read, no synchronisation. (ATen/cuda/CUDAContext.h would need the cuSPARSE headers, which a toolkit may lack.)
+inline bool has_mma_sync() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 8;
+}
 }  // namespace dcp_ops
 #endif
 

@@ -10,8 +10,9 @@
 // The absorbed fp32 query enters as 3 16-bit terms and P as 2 (split_terms), so the scores are as accurate as fp32
 // ones and P.V as with fp32 probabilities: with 2 query terms the LSE misses the tolerance table at sharp softmax.
 // Shared rows are swizzled: 16-byte chunk c of row r sits at c ^ swizzle(r), which keeps both the key reads (8 rows x
-// 4 chunks per quarter-warp) and the value reads (4 rows x 2 chunks) on distinct banks. Tokens past the split, past seq_len, or in blocks outside the cache are never read (zeros) and get
-// P = 0. Writes the normalised fp32 partial and natural LSE of each split, as mla_split_kernel does.
+// 4 chunks per quarter-warp) and the value reads (4 rows x 2 chunks) on distinct banks. Tokens past the split, past
+// seq_len, or in blocks outside the cache are never read (zeros) and get P = 0. Writes the normalised fp32 partial
+// and natural LSE of each split, as mla_split_kernel does.
 #pragma once
 
 #include "kernels/cp_async.cuh"
@@ -226,7 +227,8 @@ template <typename T>
 cudaError_t mla_split_pass(const MlaParams& p, int latent, int rope, cudaStream_t stream, bool tensor_cores) {
   if constexpr (sizeof(T) == 2) {
     if (tensor_cores && (latent == 256 || latent == 512)) {
-      if (latent == 512) return rope == 64 ? mla_mma_launch<T, 512, 64>(p, stream) : mla_mma_launch<T, 512, 0>(p, stream);
+      if (latent == 512)
+        return rope == 64 ? mla_mma_launch<T, 512, 64>(p, stream) : mla_mma_launch<T, 512, 0>(p, stream);
       return rope == 64 ? mla_mma_launch<T, 256, 64>(p, stream) : mla_mma_launch<T, 256, 0>(p, stream);
     }
   }

@@ -3,7 +3,8 @@
 // fragments, so the tests run the kernels that use it.
 //
 // Fragment layout (PTX ISA, mma.m16n8k16 with .bf16 / .f16), for lane = 4 * g + t:
-//   A 16 x 16 (row):  a[0] = A[g][2t, 2t+1]  a[1] = A[g+8][2t, 2t+1]  a[2] = A[g][2t+8, 2t+9]  a[3] = A[g+8][2t+8, 2t+9]
+//   A 16 x 16 (row):  a[0] = A[g][2t, 2t+1]    a[1] = A[g+8][2t, 2t+1]
+//                     a[2] = A[g][2t+8, 2t+9]  a[3] = A[g+8][2t+8, 2t+9]
 //   B 16 x 8 (col):   b[0] = B[2t, 2t+1][g]  b[1] = B[2t+8, 2t+9][g]
 //   C 16 x 8 (fp32):  c[0], c[1] = C[g][2t, 2t+1]  c[2], c[3] = C[g+8][2t, 2t+1]
 // A register holds two elements, the lower k (or column) in its low 16 bits.
@@ -18,7 +19,9 @@ template <typename T> __device__ __forceinline__ uint32_t bits16(T x);
 template <> inline uint32_t bits16<__nv_bfloat16>(__nv_bfloat16 x) { return x.bits; }
 template <> inline uint32_t bits16<__half>(__half x) { return x.bits; }
 #else
-template <> __device__ __forceinline__ uint32_t bits16<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+template <> __device__ __forceinline__ uint32_t bits16<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat16_as_ushort(x);
+}
 template <> __device__ __forceinline__ uint32_t bits16<__half>(__half x) { return __half_as_ushort(x); }
 #endif
 
