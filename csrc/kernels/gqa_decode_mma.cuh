@@ -135,41 +135,12 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p)
     uint32_t ph[4], pl[4];
 #pragma unroll
     for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
-      float x[2][2], mx = -INFINITY;
+      float x[2][2];
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          x[u][e] = valid[u][e] ? sc[u][2 * r + e] * p.scale_log2 : -INFINITY;
-          mx = fmaxf(mx, x[u][e]);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[r], mx), base = m_new == -INFINITY ? 0.f : m_new;
-      const float a = exp2f(m[r] - base);
-      float pw[2][2], sum = 0.f;
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          pw[u][e] = exp2f(x[u][e] - base);
-          sum += pw[u][e];
-        }
-      l[r] = l[r] * a + sum;
-      m[r] = m_new;
-#pragma unroll
-      for (int n = 0; n < 8 * VH; ++n) {
-        acc[n][2 * r] *= a;
-        acc[n][2 * r + 1] *= a;
-      }
-      // A fragment of P: register r (rows g / g + 8) for tokens 2t, 2t+1 (u = 0), register 2 + r for u = 1
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        uint32_t terms[2];
-        split_terms<T, 2>(pw[u][0], pw[u][1], terms);
-        ph[2 * u + r] = terms[0];
-        pl[2 * u + r] = terms[1];
-      }
+        for (int e = 0; e < 2; ++e) x[u][e] = valid[u][e] ? sc[u][2 * r + e] * p.scale_log2 : -INFINITY;
+      softmax_step<T>(x, r, m[r], l[r], acc, ph, pl);
     }
     if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
     // P.V: n-tile (h, j), column g = head dim 64 h + 8 g + j; k = tokens 2t, 2t+1 | 2t+8, 2t+9

@@ -139,40 +139,12 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
     uint32_t ph[4], pl[4];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float x[2][2], mx = -INFINITY;
+      float x[2][2];
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          x[u][e] = rowoff[buf * 16 + 8 * u + 2 * t + e] >= 0 ? sc[u][2 * r + e] : -INFINITY;
-          mx = fmaxf(mx, x[u][e]);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[r], mx), base = m_new == -INFINITY ? 0.f : m_new;
-      const float a = exp2f(m[r] - base);
-      float pw[2][2], sum = 0.f;
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          pw[u][e] = exp2f(x[u][e] - base);
-          sum += pw[u][e];
-        }
-      l[r] = l[r] * a + sum;
-      m[r] = m_new;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        acc[n][2 * r] *= a;
-        acc[n][2 * r + 1] *= a;
-      }
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {  // register r (rows g / g + 8) of tokens 2t, 2t+1; register 2 + r of 8 more
-        uint32_t terms[2];
-        split_terms<T, 2>(pw[u][0], pw[u][1], terms);
-        ph[2 * u + r] = terms[0];
-        pl[2 * u + r] = terms[1];
-      }
+        for (int e = 0; e < 2; ++e) x[u][e] = rowoff[buf * 16 + 8 * u + 2 * t + e] >= 0 ? sc[u][2 * r + e] : -INFINITY;
+      softmax_step<T>(x, r, m[r], l[r], acc, ph, pl);
     }
     // P.V over this warp's latent dims: n-tile j, column g = dim 64 warp + 8 g + j; rows 8u + 2t + e
     uint32_t vw[2][2][4];

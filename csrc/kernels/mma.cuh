@@ -43,6 +43,42 @@ __device__ __forceinline__ void split_terms(float x0, float x1, uint32_t (&terms
   }
 }
 
+// One online-softmax update of fragment row g + 8 r over the 16 tokens of a step: x[u][e] is this lane's score of
+// token 8u + 2t + e (log2 units; -inf: no token), and the 4 lanes of a row group share the row's max m and (at the
+// end) sum l. Rescales the row's accumulator columns, and writes P's A-fragment registers 2u + r as 2 terms
+// (split_terms): the hi parts in ph, the lo parts in pl.
+template <typename T, int NACC>
+__device__ __forceinline__ void softmax_step(const float (&x)[2][2], int r, float& m, float& l, float (&acc)[NACC][4],
+                                             uint32_t (&ph)[4], uint32_t (&pl)[4]) {
+  float mx = fmaxf(fmaxf(x[0][0], x[0][1]), fmaxf(x[1][0], x[1][1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx), base = m_new == -INFINITY ? 0.f : m_new;
+  const float a = exp2f(m - base);
+  float pw[2][2], sum = 0.f;
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      pw[u][e] = exp2f(x[u][e] - base);
+      sum += pw[u][e];
+    }
+  l = l * a + sum;
+  m = m_new;
+#pragma unroll
+  for (int n = 0; n < NACC; ++n) {
+    acc[n][2 * r] *= a;
+    acc[n][2 * r + 1] *= a;
+  }
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    uint32_t terms[2];
+    split_terms<T, 2>(pw[u][0], pw[u][1], terms);
+    ph[2 * u + r] = terms[0];
+    pl[2 * u + r] = terms[1];
+  }
+}
+
 // Element j (0..7) of the 8 packed 16-bit elements w[0..3] of row x and of row y, as the pair (x_j, y_j): the B
 // fragment register of two consecutive k (rows) in one column.
 __device__ __forceinline__ uint32_t pair_rows(const uint32_t (&x)[4], const uint32_t (&y)[4], int j) {
