@@ -82,7 +82,6 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p)
   const int j0 = split * p.tokens_per_split, j1 = min(len, j0 + p.tokens_per_split);
   const T* kbase = static_cast<const T*>(p.k) + kvh * p.k_sh;
   const T* vbase = static_cast<const T*>(p.v) + kvh * p.v_sh;
-  using W4 = Pack<uint32_t, 4>;  // 8 elements as 4 registers of pairs, the lower index in the low half
   for (int s = j0 + 16 * warp; s < j1; s += 16 * kGqaMmaWarps) {  // warp-uniform
     const StepBlocks sb{s / p.block_size, s % p.block_size};
     // keys: token s + 8 n + g, chunks t + 4 i
@@ -93,8 +92,8 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p)
       const int64_t block = sb.block_of(p, seq, s + 8 * n + g, j1, 8 * n + g, off);
 #pragma unroll
       for (int i = 0; i < KC; ++i) {
-        W4 pk{};
-        if (block >= 0) pk = *reinterpret_cast<const W4*>(kbase + block * p.k_sb + off * p.k_st + 8 * (t + 4 * i));
+        Pairs4 pk{};
+        if (block >= 0) pk = *reinterpret_cast<const Pairs4*>(kbase + block * p.k_sb + off * p.k_st + 8 * (t + 4 * i));
 #pragma unroll
         for (int w = 0; w < 4; ++w) kw[n][i][w] = pk.v[w];
       }
@@ -112,8 +111,9 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p)
         valid[u][e] = block >= 0;
 #pragma unroll
         for (int h = 0; h < VH; ++h) {
-          W4 pv{};
-          if (block >= 0) pv = *reinterpret_cast<const W4*>(vbase + block * p.v_sb + off * p.v_st + 8 * (g + 8 * h));
+          Pairs4 pv{};
+          if (block >= 0)
+            pv = *reinterpret_cast<const Pairs4*>(vbase + block * p.v_sb + off * p.v_st + 8 * (g + 8 * h));
 #pragma unroll
           for (int w = 0; w < 4; ++w) vw[u][e][h][w] = pv.v[w];
         }
@@ -149,9 +149,8 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t b[2] = {pair_rows(vw[0][0][h], vw[0][1][h], j), pair_rows(vw[1][0][h], vw[1][1][h], j)};
-        const uint32_t (&ahi)[4] = ph, (&alo)[4] = pl;
-        mma_16816<T>(acc[8 * h + j], ahi, b);
-        mma_16816<T>(acc[8 * h + j], alo, b);
+        mma_16816<T>(acc[8 * h + j], ph, b);
+        mma_16816<T>(acc[8 * h + j], pl, b);
       }
   }
   // the row sums of the 4 lanes of a row group; then this warp's state into slot `warp`

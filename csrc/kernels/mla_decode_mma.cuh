@@ -39,7 +39,6 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
   float* part = smem;                                            // [warps][2][32][4] partial scores
   int64_t* rowoff = reinterpret_cast<int64_t*>(part + NW * 256);  // [3][16]: a row's element offset in kv, or -1
   T* rows = reinterpret_cast<T*>(rowoff + 3 * 16);               // [2][16][DK], swizzled
-  using W4 = Pack<uint32_t, 4>;
 
   // Query fragments (3 terms) of this warp's chunk groups; register r4 is row g + 8 (r4 & 1), dims + 2 (r4 >> 1).
   uint32_t qa[CGW][2][3][4];
@@ -114,7 +113,7 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
       for (int i = 0; i < CGW; ++i) {
         const int cg = warp + NW * i;
         if (CG % NW != 0 && cg >= CG) break;  // warp-uniform
-        const W4 w = *reinterpret_cast<const W4*>(row + 8 * ((4 * cg + t) ^ sw));
+        const Pairs4 w = *reinterpret_cast<const Pairs4*>(row + 8 * ((4 * cg + t) ^ sw));
         const uint32_t b0[2] = {w.v[0], w.v[1]}, b1[2] = {w.v[2], w.v[3]};
 #pragma unroll
         for (int k = 0; k < 3; ++k) {
@@ -153,7 +152,7 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int r = 8 * u + 2 * t + e;
-        const W4 w = *reinterpret_cast<const W4*>(R + r * DK + 8 * ((8 * warp + g) ^ mla_swizzle(r)));
+        const Pairs4 w = *reinterpret_cast<const Pairs4*>(R + r * DK + 8 * ((8 * warp + g) ^ mla_swizzle(r)));
 #pragma unroll
         for (int i = 0; i < 4; ++i) vw[u][e][i] = w.v[i];
       }

@@ -25,6 +25,10 @@ template <> __device__ __forceinline__ uint32_t bits16<__nv_bfloat16>(__nv_bfloa
 template <> __device__ __forceinline__ uint32_t bits16<__half>(__half x) { return __half_as_ushort(x); }
 #endif
 
+// 16 bytes of 16-bit elements as 4 registers of pairs, the lower index in the low half (pack2's order): one load
+// gives the fragment registers of 8 consecutive elements.
+using Pairs4 = Pack<uint32_t, 4>;
+
 // Two elements in one register: lo in the low half.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(T lo, T hi) { return bits16(lo) | bits16(hi) << 16; }
