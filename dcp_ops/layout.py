@@ -44,6 +44,9 @@ def owner_rank(positions: Tensor, world_size: int, interleave: int = 1) -> Tenso
 
 def local_index(positions: Tensor, world_size: int, interleave: int = 1) -> Tensor:
     """Index of each global position among its owner's tokens: (p // (N*I)) * I + p % I."""
+    _check_int(positions, "local_index", "positions")
+    _check_group("local_index", world_size, interleave)
+    _check_nonneg(positions, "local_index", "positions")
     return (positions // (world_size * interleave)) * interleave + positions % interleave
 
 

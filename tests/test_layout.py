@@ -88,6 +88,12 @@ def test_layout_rejects_bad_arguments():
         dcp_ops.local_seq_lens(torch.tensor([5]), 2, 2)
     with pytest.raises(ValueError, match="positions must be >= 0"):
         dcp_ops.owner_rank(torch.tensor([-1]), 2)
+    with pytest.raises(ValueError, match="local_index: interleave must be >= 1, got 0"):
+        dcp_ops.layout.local_index(torch.arange(4), 2, 0)
+    with pytest.raises(ValueError, match="local_index: positions must be >= 0, got min -3"):
+        dcp_ops.layout.local_index(torch.tensor([1, -3]), 2)
+    with pytest.raises(TypeError, match="local_index: positions must be an int32 or int64 tensor, got torch.float32"):
+        dcp_ops.layout.local_index(torch.arange(4.0), 2)
     with pytest.raises(ValueError, match=r"slot_mapping: interleave \(3\) must divide block_size \(16\)"):
         dcp_ops.slot_mapping(torch.zeros(1, 2, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
                              torch.zeros(1, dtype=torch.int32), 16, 2, 0, 3)
