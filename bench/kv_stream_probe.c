@@ -1,14 +1,15 @@
 // How fast can one thread stream a paged KV cache while doing GQA's arithmetic on it? A probe for RESULTS.md, not
 // part of the library. Reads K and V blocks of 16 KiB (16 tokens x 2 KV heads x 128 fp32, the bench's GQA fp32
-// layout) in random block order, doing 8 FMAs on every loaded 8-float vector (GQA's 8 query heads per KV head; none
-// with FMAS=0), and prints GB/s of K + V read (median and best of 7 passes over 1 GiB).
+// layout) in random block order, doing FMAS FMAs on every loaded 8-float vector (8: GQA's 8 query heads per KV head;
+// 24: about the arithmetic per byte of the bf16 GQA kernel, 190 cycles per token and KV head on the Zen 4 host of
+// bench/RESULTS.md; none with FMAS=0), and prints GB/s of K + V read (median and best of 7 passes over 1 GiB).
 //   order: head  = K rows of head 0 for 8 tokens, V the same, then head 1 (the order of the decode kernel's tiles)
 //          token = K rows of both heads for 8 tokens, then V (sequential within a block)
 //   pf:    none  = hardware prefetchers only
 //          next  = software-prefetch every line of the next block, spread over the current one (as the kernel does)
 //          warm  = software-prefetch only the first 2 lines of the block after next
 //   gcc -O3 -mavx2 -mfma -pthread bench/kv_stream_probe.c -o /tmp/kv_stream_probe
-//   /tmp/kv_stream_probe ORDER PF THREADS [FMAS=8|0]
+//   /tmp/kv_stream_probe ORDER PF THREADS [FMAS=8: 0, 8, 16, 24 or 32]
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@
 enum { kBlock = 16384, kTokens = 16, kHeadFloats = 128, kRowFloats = 2 * kHeadFloats };
 static size_t num_blocks;
 static char *kcache, *vcache;
-static int *order_of_blocks, token_order, prefetch, threads, fmas;
+static int *order_of_blocks, token_order, prefetch, threads;
 
 static double now(void) {
   struct timespec t;
@@ -28,7 +29,8 @@ static double now(void) {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void *stream(void *arg) {
+// The loop for a constant fmas (inlined into one function per count, so that the accumulators stay in registers).
+static inline __attribute__((always_inline)) void *stream(void *arg, const int fmas) {
   const int id = *(int *)arg;
   __m256 acc[8], c[4];
   for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
@@ -54,7 +56,8 @@ static void *stream(void *arg) {
           for (int i = 0; i < row_floats; i += 8) {
             const __m256 x = _mm256_loadu_ps(base + t * kRowFloats + i);
             if (fmas) {
-              for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(x, c[j & 3], acc[j]);
+#pragma GCC unroll 32
+              for (int j = 0; j < fmas; ++j) acc[j & 7] = _mm256_fmadd_ps(x, c[j & 3], acc[j & 7]);
             } else {
               acc[0] = _mm256_add_ps(acc[0], x);
             }
@@ -73,20 +76,27 @@ static void *stream(void *arg) {
   return NULL;
 }
 
+static void *stream0(void *arg) { return stream(arg, 0); }
+static void *stream8(void *arg) { return stream(arg, 8); }
+static void *stream16(void *arg) { return stream(arg, 16); }
+static void *stream24(void *arg) { return stream(arg, 24); }
+static void *stream32(void *arg) { return stream(arg, 32); }
+
 static int cmp(const void *a, const void *b) { return (*(double *)a > *(double *)b) - (*(double *)a < *(double *)b); }
 
 int main(int argc, char **argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s head|token none|next|warm THREADS [8|0]\n", argv[0]);
+    fprintf(stderr, "usage: %s head|token none|next|warm THREADS [0|8|16|24|32]\n", argv[0]);
     return 2;
   }
   token_order = strcmp(argv[1], "token") == 0;
   prefetch = strcmp(argv[2], "next") == 0 ? 1 : strcmp(argv[2], "warm") == 0 ? 2 : 0;
   threads = atoi(argv[3]);
-  fmas = argc > 4 ? atoi(argv[4]) : 8;
+  const int fmas = argc > 4 ? atoi(argv[4]) : 8;
+  void *(*const streams[5])(void *) = {stream0, stream8, stream16, stream24, stream32};
   if ((!token_order && strcmp(argv[1], "head") != 0) || (prefetch == 0 && strcmp(argv[2], "none") != 0) ||
-      threads < 1 || threads > 64 || (fmas != 0 && fmas != 8)) {
-    fprintf(stderr, "expected ORDER head|token, PF none|next|warm, THREADS 1-64, FMAS 8|0; got %s %s %s %s\n",
+      threads < 1 || threads > 64 || fmas < 0 || fmas > 32 || fmas % 8) {
+    fprintf(stderr, "expected ORDER head|token, PF none|next|warm, THREADS 1-64, FMAS 0, 8, 16, 24 or 32; got %s %s %s %s\n",
             argv[1], argv[2], argv[3], argc > 4 ? argv[4] : "8");
     return 2;
   }
@@ -111,7 +121,7 @@ int main(int argc, char **argv) {
     pthread_t th[64];
     int ids[64];
     const double t0 = now();
-    for (int i = 0; i < threads; ++i) ids[i] = i, pthread_create(&th[i], NULL, stream, &ids[i]);
+    for (int i = 0; i < threads; ++i) ids[i] = i, pthread_create(&th[i], NULL, streams[fmas / 8], &ids[i]);
     for (int i = 0; i < threads; ++i) pthread_join(th[i], NULL);
     gbps[r] = 2.0 * bytes / (now() - t0) / 1e9;
   }
