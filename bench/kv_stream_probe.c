@@ -96,8 +96,8 @@ int main(int argc, char **argv) {
   void *(*const streams[5])(void *) = {stream0, stream8, stream16, stream24, stream32};
   if ((!token_order && strcmp(argv[1], "head") != 0) || (prefetch == 0 && strcmp(argv[2], "none") != 0) ||
       threads < 1 || threads > 64 || fmas < 0 || fmas > 32 || fmas % 8) {
-    fprintf(stderr, "expected ORDER head|token, PF none|next|warm, THREADS 1-64, FMAS 0, 8, 16, 24 or 32; got %s %s %s %s\n",
-            argv[1], argv[2], argv[3], argc > 4 ? argv[4] : "8");
+    fprintf(stderr, "expected ORDER head|token, PF none|next|warm, THREADS 1-64, FMAS 0, 8, 16, 24 or 32; "
+            "got %s %s %s %s\n", argv[1], argv[2], argv[3], argc > 4 ? argv[4] : "8");
     return 2;
   }
   const size_t bytes = (size_t)1 << 29;  // per cache: 1 GiB of K + V in all

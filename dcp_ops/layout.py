@@ -34,20 +34,31 @@ def _check_nonneg(t: Tensor, fn: str, name: str) -> None:
         raise ValueError(f"{fn}: {name} must be >= 0, got min {int(t.min())}")
 
 
+# The two formulas on positions already checked (the helpers below check their arguments once, then use these).
+def _owner(positions: Tensor, world_size: int, interleave: int) -> Tensor:
+    return (positions // interleave) % world_size
+
+
+def _local_index(positions: Tensor, world_size: int, interleave: int) -> Tensor:
+    return (positions // (world_size * interleave)) * interleave + positions % interleave
+
+
+def _check_positions(positions: Tensor, fn: str, world_size: int, interleave: int) -> None:
+    _check_int(positions, fn, "positions")
+    _check_group(fn, world_size, interleave)
+    _check_nonneg(positions, fn, "positions")
+
+
 def owner_rank(positions: Tensor, world_size: int, interleave: int = 1) -> Tensor:
     """Rank owning each global position: (p // I) % N. Same shape and dtype as positions."""
-    _check_int(positions, "owner_rank", "positions")
-    _check_group("owner_rank", world_size, interleave)
-    _check_nonneg(positions, "owner_rank", "positions")
-    return (positions // interleave) % world_size
+    _check_positions(positions, "owner_rank", world_size, interleave)
+    return _owner(positions, world_size, interleave)
 
 
 def local_index(positions: Tensor, world_size: int, interleave: int = 1) -> Tensor:
     """Index of each global position among its owner's tokens: (p // (N*I)) * I + p % I."""
-    _check_int(positions, "local_index", "positions")
-    _check_group("local_index", world_size, interleave)
-    _check_nonneg(positions, "local_index", "positions")
-    return (positions // (world_size * interleave)) * interleave + positions % interleave
+    _check_positions(positions, "local_index", world_size, interleave)
+    return _local_index(positions, world_size, interleave)
 
 
 def local_seq_lens(seq_lens: Tensor, world_size: int, rank: int, interleave: int = 1) -> Tensor:
@@ -97,9 +108,9 @@ def slot_mapping(block_table: Tensor, seq_ids: Tensor, positions: Tensor, block_
         t = int(torch.nonzero(vblock < 0)[0, 0])
         raise ValueError(f"{fn}: block_table[{int(seq_ids[t])}, {int(col[t])}] = {int(vblock[t])} is the block of "
                          f"token {t} (position {int(positions[t])}); block ids must be >= 0")
-    j = local_index(positions, world_size, interleave)
+    j = _local_index(positions, world_size, interleave)
     slots = vblock.to(positions.dtype) * block_size + j % block_size
-    mine = owner_rank(positions, world_size, interleave) == rank
+    mine = _owner(positions, world_size, interleave) == rank
     return torch.where(mine, slots, torch.full_like(slots, -1)).to(block_table.dtype)
 
 
@@ -139,9 +150,9 @@ def _placements(cache: Tensor, block_table: Tensor, seq_lens: Tensor, world_size
         raise ValueError(f"{fn}: block_table ids in use must be in [0, num_blocks = {cache.shape[0]}), got range "
                          f"[{int(used.min())}, {int(used.max())}]")
     src = (used, pos % bs)
-    j = local_index(pos, world_size, interleave)
+    j = _local_index(pos, world_size, interleave)
     dst = (bt[rows, j // bs], j % bs)
-    return src, owner_rank(pos, world_size, interleave), dst
+    return src, _owner(pos, world_size, interleave), dst
 
 
 def shard_kv(cache: Tensor, block_table: Tensor, seq_lens: Tensor, world_size: int, interleave: int = 1,
