@@ -5,9 +5,10 @@
 
 TORCH_LIBRARY(dcp_ops, m) {
   m.def("gqa_decode_partial(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
-        "float scale) -> (Tensor out, Tensor lse)");
+        "float scale, *, str precision=\"native\") -> (Tensor out, Tensor lse)");
   m.def("mla_decode_partial(Tensor q_nope, Tensor q_pe, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
-        "float scale, Tensor? w_uk=None, Tensor? w_uv=None) -> (Tensor out, Tensor lse)");
+        "float scale, Tensor? w_uk=None, Tensor? w_uv=None, *, str precision=\"native\") "
+        "-> (Tensor out, Tensor lse)");
   m.def("merge_partials(Tensor outs, Tensor lses, float lse_base=2.718281828459045) -> (Tensor out, Tensor lse)");
   m.def("correct_partial(Tensor(a!) out, Tensor lses, int rank, float lse_base=2.718281828459045) -> Tensor");
   m.def("pack_exchange(Tensor out, Tensor lse, Tensor(a!) send) -> ()");

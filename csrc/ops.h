@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 #include <optional>
 #include <tuple>
@@ -14,6 +15,12 @@ using at::Tensor;
 struct DecodeDims {
   int64_t T, Hq, Hkv, Dk, Dv, num_blocks, block_size, max_blocks;
 };
+
+// Numerics of the decode ops on 16-bit caches (DESIGN.md §2): kNative feeds the tensor cores 16-bit operands (the
+// absorbed query and P rounded to the cache's type), kFp32 computes as if every product were fp32. fp32 caches, and
+// kernels without tensor cores, compute in fp32 under both.
+enum class Precision { kNative, kFp32 };
+Precision parse_precision(c10::string_view precision, const char* op);  // refuses any other value, naming it
 
 // Validation (csrc/validate.cpp): dtypes, ranks, shapes, devices and strides; no tensor values are read.
 DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
@@ -30,11 +37,12 @@ int64_t exchange_pad(at::ScalarType dtype);  // elements after D in a packed a2a
 
 // CPU kernels (csrc/cpu/*.cpp).
 std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                                  const Tensor& block_table, const Tensor& seq_lens, double scale);
+                                                  const Tensor& block_table, const Tensor& seq_lens, double scale,
+                                                  c10::string_view precision);
 std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                   const std::optional<Tensor>& w_uk,
-                                                  const std::optional<Tensor>& w_uv);
+                                                  const std::optional<Tensor>& w_uv, c10::string_view precision);
 std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& lses, double lse_base);
 Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
 void pack_exchange_cpu(const Tensor& out, const Tensor& lse, Tensor& send);
@@ -43,11 +51,12 @@ void write_kv_cpu(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mappin
 
 // CUDA launchers (csrc/cuda/*.cu; also built for the SIMT executor in tests/simt).
 std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                                   const Tensor& block_table, const Tensor& seq_lens, double scale);
+                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
+                                                   c10::string_view precision);
 std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
                                                    const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                    const std::optional<Tensor>& w_uk,
-                                                   const std::optional<Tensor>& w_uv);
+                                                   const std::optional<Tensor>& w_uv, c10::string_view precision);
 std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor& lses, double lse_base);
 Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
 void pack_exchange_cuda(const Tensor& out, const Tensor& lse, Tensor& send);

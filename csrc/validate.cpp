@@ -6,6 +6,12 @@
 
 namespace dcp_ops {
 
+Precision parse_precision(c10::string_view precision, const char* op) {
+  if (precision == "native") return Precision::kNative;
+  if (precision == "fp32") return Precision::kFp32;
+  TORCH_CHECK_VALUE(false, op, ": precision must be \"native\" or \"fp32\", got \"", std::string(precision), "\"");
+}
+
 static void check_scale(double scale, const char* op) {
   DCP_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be a finite positive number, got ", scale);
 }

@@ -67,10 +67,10 @@ def _all_gather(out: Tensor, inp: Tensor, group) -> None:
     _gather_into(out.view(-1, *inp.shape[1:]), inp.contiguous(), group=group)
 
 
-def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard]) -> Tuple[Tensor, Tensor]:
+def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard], precision: str) -> Tuple[Tensor, Tensor]:
     if isinstance(shard, GQAShard):
         return ops.gqa_decode_partial(q_all, shard.k_cache, shard.v_cache, shard.block_table, shard.seq_lens,
-                                      shard.scale)
+                                      shard.scale, precision=precision)
     if isinstance(shard, MLAShard):
         rope = shard.rope_dim
         if not 0 <= rope < q_all.shape[-1]:
@@ -78,7 +78,7 @@ def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard]) -> Tuple[Tensor, T
                              f"got {rope}")
         split = q_all.shape[-1] - rope  # rope last; rope_dim 0 leaves an empty q_pe
         return ops.mla_decode_partial(q_all[..., :split], q_all[..., split:], shard.kv_cache, shard.block_table,
-                                      shard.seq_lens, shard.scale, shard.w_uk, shard.w_uv)
+                                      shard.seq_lens, shard.scale, shard.w_uk, shard.w_uv, precision=precision)
     raise TypeError(f"dcp_attention: shard must be a GQAShard or MLAShard, got {type(shard).__name__}")
 
 
@@ -102,15 +102,17 @@ def exchange_bytes(mode: str, T: int, H: int, d_out: int, world_size: int, dtype
 
 def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[dist.ProcessGroup] = None, *,
                   mode: str = "a2a", q_replicated: bool = False, return_lse: bool = False,
-                  workspace: Optional[Workspace] = None):
+                  workspace: Optional[Workspace] = None, precision: str = "native"):
     """One DCP decode attention step.
 
     q: [T, H_loc, D] (GQA) or [T, H_loc, D_q + rope_dim] (MLA, rope last; D_q = D_nope with w_uk, else D_latent),
     this rank's heads; with q_replicated=True, q already holds all N * H_loc heads. Returns out [T, H_loc, D_out]
     (all heads [T, H, D_out] for mode="ag"), and lse [T, H_loc] (or [T, H]) fp32 natural log when return_lse.
+    precision: the decode op's numerics, "native" (default) or "fp32" (dcp_ops.ops).
     """
     if mode not in MODES:
         raise ValueError(f"dcp_attention: mode must be one of {MODES}, got {mode!r}")
+    ops.check_precision("dcp_attention", precision)
     if q.dim() != 3:
         raise ValueError(f"dcp_attention: q must be 3-D [T, H, D], got shape {tuple(q.shape)}")
     n = dist.get_world_size(group)
@@ -121,7 +123,7 @@ def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[d
         q_all = q
     else:
         q_all = gather_heads(q, group, ws)
-    out, lse = _partial(q_all, shard)  # [T, H, D_out], [T, H]
+    out, lse = _partial(q_all, shard, precision)  # [T, H, D_out], [T, H]
     res, res_lse = merge_across(out, lse, group, mode=mode, workspace=ws)
     return (res, res_lse) if return_lse else res
 

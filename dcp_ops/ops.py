@@ -2,6 +2,12 @@
 
 Conventions (DESIGN.md §2): LSE is fp32 natural log [T, H]; an empty shard gives lse = -inf and out = 0; NaN and +inf
 LSE from other kernels count as -inf; merges accumulate in fp32; block tables, seq lens and slots are int32.
+
+precision (the decode ops, DESIGN.md §2): "native" (default) computes what FlashMLA, FlashInfer and vLLM compute on
+16-bit caches: 16-bit operands into the tensor cores (the absorbed MLA query and the probabilities P rounded to the
+cache's type), fp32 accumulation, fp32 softmax statistics and row sums. "fp32" gives results as if every product
+were fp32 (split 16-bit terms on the tensor cores). fp32 caches compute in fp32 either way, and the CPU kernels are
+exact under both.
 """
 import math
 from typing import Optional, Tuple
@@ -10,32 +16,42 @@ import torch
 
 _ops = torch.ops.dcp_ops
 Tensor = torch.Tensor
+PRECISIONS = ("native", "fp32")
+
+
+def check_precision(op: str, precision: str) -> str:
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"{op}: precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision
 
 
 def gqa_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
-                       scale: float) -> Tuple[Tensor, Tensor]:
+                       scale: float, *, precision: str = "native") -> Tuple[Tensor, Tensor]:
     """Partial decode attention of GQA/MHA queries over this rank's paged KV tokens.
 
     q [T, H_q, D]; k_cache, v_cache [num_blocks, block_size, H_kv, D] (same dtype as q; strided views of a combined
     [2, ...] cache are fine); block_table [T, max_blocks] int32; seq_lens [T] int32 (this rank's local lengths).
     Query head h reads KV head h // (H_q / H_kv). Returns out [T, H_q, D] (q's dtype, normalised) and lse [T, H_q]
-    fp32 natural log (-inf where seq_lens is 0).
+    fp32 natural log (-inf where seq_lens is 0). precision: "native" or "fp32" (the module docstring).
     """
-    return _ops.gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, float(scale))
+    return _ops.gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, float(scale),
+                                   precision=check_precision("gqa_decode_partial", precision))
 
 
 def mla_decode_partial(q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
                        scale: float, w_uk: Optional[Tensor] = None,
-                       w_uv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                       w_uv: Optional[Tensor] = None, *, precision: str = "native") -> Tuple[Tensor, Tensor]:
     """Partial decode attention of MLA queries over this rank's paged latent cache.
 
     q_nope [T, H, D_latent], or the pre-absorption [T, H, D_nope] with w_uk [H, D_nope, D_latent] fused in;
     q_pe [T, H, D_rope]; kv_cache [num_blocks, block_size, D_latent + D_rope] (latent first); block_table
     [T, max_blocks] int32; seq_lens [T] int32. Keys are whole cache rows, values their latent part.
     Returns out [T, H, D_latent] (or [T, H, D_v] with w_uv [H, D_latent, D_v] applied to the normalised output)
-    in q's dtype, and lse [T, H] fp32 natural log.
+    in q's dtype, and lse [T, H] fp32 natural log. precision: "native" or "fp32" (the module docstring); in "native"
+    the absorbed query is rounded to the cache's type after w_uk.
     """
-    return _ops.mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens, float(scale), w_uk, w_uv)
+    return _ops.mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens, float(scale), w_uk, w_uv,
+                                   precision=check_precision("mla_decode_partial", precision))
 
 
 def merge_partials(outs: Tensor, lses: Tensor, lse_base: float = math.e) -> Tuple[Tensor, Tensor]:
@@ -109,7 +125,7 @@ def _same_device(op: str, ref_name: str, ref: Tensor, **others: Optional[Tensor]
 
 
 @torch.library.register_fake("dcp_ops::gqa_decode_partial")
-def _gqa_fake(q, k_cache, v_cache, block_table, seq_lens, scale):
+def _gqa_fake(q, k_cache, v_cache, block_table, seq_lens, scale, precision="native"):
     _same_device("gqa_decode_partial", "q", q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                  seq_lens=seq_lens)
     T, H, D = q.shape
@@ -117,7 +133,7 @@ def _gqa_fake(q, k_cache, v_cache, block_table, seq_lens, scale):
 
 
 @torch.library.register_fake("dcp_ops::mla_decode_partial")
-def _mla_fake(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk=None, w_uv=None):
+def _mla_fake(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk=None, w_uv=None, precision="native"):
     _same_device("mla_decode_partial", "q_nope", q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table,
                  seq_lens=seq_lens, w_uk=w_uk, w_uv=w_uv)
     T, H, _ = q_nope.shape

@@ -349,3 +349,28 @@ def test_fp32_mla16_cache_on_tile_kernels(absorb, block_size):
     r_out, r_lse = ref.mla_decode_partial(*args)
     assert_matches(out, r_out, dt, "out")
     assert_lse_matches(lse, r_lse, "lse")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_kernels_are_exact_under_both_precisions(dtype):
+    """The CPU kernels compute exactly under precision "native" and "fp32" alike (DESIGN.md §2): the same results,
+    within the fp32 rows of the table."""
+    gen = torch.Generator().manual_seed(9)
+    lens = [70, 0, 5]
+    k, table = paged_cache(lens, 16, (2, 64), dtype, gen)
+    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
+    q = randn(3, 8, 64, dtype=dtype, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    got = [dcp_ops.gqa_decode_partial(q, k, v, table, seq_lens, 0.125, precision=p) for p in ("native", "fp32")]
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, 0.125)
+    assert_matches(got[0][0], r_out, dtype, "GQA out")
+    assert_lse_matches(got[0][1], r_lse, "GQA lse")
+    kv, table = paged_cache(lens, 16, (128 + 64,), dtype, gen)
+    args = (randn(3, 5, 32, dtype=dtype, gen=gen), randn(3, 5, 64, dtype=dtype, gen=gen), kv, table, seq_lens, 0.1,
+            randn(5, 32, 128, dtype=dtype, gen=gen, scale=32 ** -0.5))
+    got = [dcp_ops.mla_decode_partial(*args, precision=p) for p in ("native", "fp32")]
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    r_out, r_lse = ref.mla_decode_partial(*args)
+    assert_matches(got[0][0], r_out, dtype, "MLA out")
+    assert_lse_matches(got[0][1], r_lse, "MLA lse")

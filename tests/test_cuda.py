@@ -7,24 +7,25 @@ import torch
 import dcp_ops
 from dcp_ops import reference as ref
 from conftest import DTYPES, paged_cache, randn
-from tolerances import assert_lse_matches, assert_matches
+from tolerances import assert_decode, assert_lse_matches, assert_matches
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
+@pytest.mark.parametrize("precision", ["native", "fp32"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim,group", [(64, 1), (128, 8), (256, 4), (128, 16)])
-def test_gqa_decode_on_gpu(dtype, head_dim, group):
+def test_gqa_decode_on_gpu(dtype, head_dim, group, precision):
     gen = torch.Generator().manual_seed(head_dim + group)
     lens = [0, 37, 1000, 4097]
     k, table = paged_cache(lens, 16, (2, head_dim), dtype, gen)
     v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
     q = randn(len(lens), 2 * group, head_dim, dtype=dtype, gen=gen)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    out, lse = dcp_ops.gqa_decode_partial(q.cuda(), k.cuda(), v.cuda(), table.cuda(), seq_lens.cuda(), 0.1)
-    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, 0.1)
-    assert_matches(out.cpu(), r_out, dtype, "out")
-    assert_lse_matches(lse.cpu(), r_lse, "lse")
+    out, lse = dcp_ops.gqa_decode_partial(q.cuda(), k.cuda(), v.cuda(), table.cuda(), seq_lens.cuda(), 0.1,
+                                          precision=precision)
+    assert_decode(out.cpu(), lse.cpu(), ref.gqa_decode_partial, (q, k, v, table, seq_lens, 0.1), dtype, precision,
+                  "GQA on the GPU")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -65,7 +66,8 @@ def test_write_kv_on_gpu():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("absorb,up", [(True, True), (False, False), (True, False)])
 @pytest.mark.parametrize("heads,rope", [(128, 64), (16, 64), (5, 0)])
-def test_mla_decode_on_gpu(dtype, absorb, up, heads, rope):
+@pytest.mark.parametrize("precision", ["native", "fp32"])
+def test_mla_decode_on_gpu(dtype, absorb, up, heads, rope, precision):
     gen = torch.Generator().manual_seed(heads + rope + 2 * absorb + up)
     lens = [0, 37, 1000, 4097]
     latent, d_nope, d_v = 512, 128, 128
@@ -78,11 +80,10 @@ def test_mla_decode_on_gpu(dtype, absorb, up, heads, rope):
     scale = (d_nope + rope) ** -0.5
     cuda = [x.cuda() if x is not None else None for x in (q_nope, q_pe, kv, table, seq_lens)]
     out, lse = dcp_ops.mla_decode_partial(*cuda[:5], scale, w_uk.cuda() if absorb else None,
-                                          w_uv.cuda() if up else None)
-    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
-    assert out.shape == r_out.shape and out.dtype == dtype
-    assert_matches(out.cpu(), r_out, dtype, "out")
-    assert_lse_matches(lse.cpu(), r_lse, "lse")
+                                          w_uv.cuda() if up else None, precision=precision)
+    assert out.dtype == dtype
+    assert_decode(out.cpu(), lse.cpu(), ref.mla_decode_partial, (q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv),
+                  dtype, precision, "MLA on the GPU")
 
 
 def test_demo_on_gpu_ranks_over_nccl(capsys):
@@ -110,11 +111,11 @@ def test_dcp_attention_step_replays_in_a_cuda_graph(tmp_path):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # warm-up: sizes the workspace outside the capture
-                dcp_ops.dcp_attention(q_static, shard, mode=mode, workspace=ws)
+                dcp_ops.dcp_attention(q_static, shard, mode=mode, workspace=ws, precision="fp32")
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                out = dcp_ops.dcp_attention(q_static, shard, mode=mode, workspace=ws)
+                out = dcp_ops.dcp_attention(q_static, shard, mode=mode, workspace=ws, precision="fp32")
             q_new = randn(3, 16, 128, dtype=torch.bfloat16, gen=gen)
             q_static.copy_(q_new)
             graph.replay()

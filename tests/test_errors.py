@@ -160,3 +160,15 @@ DEVICE_CASES = (
 def test_mixed_devices_rejected(op, args, name):
     with pytest.raises(RuntimeError, match=f"{op}: .* must be on the same device as .*got (meta|cpu)"):
         getattr(dcp_ops, op)(**_on_meta(args, name))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "", 32])
+def test_precision_is_refused_by_name(precision):
+    with pytest.raises(ValueError, match=r"gqa_decode_partial: precision must be one of \('native', 'fp32'\)"):
+        dcp_ops.gqa_decode_partial(**gqa_args(), precision=precision)
+    with pytest.raises(ValueError, match=r"mla_decode_partial: precision must be one of \('native', 'fp32'\)"):
+        dcp_ops.mla_decode_partial(**mla_args(), precision=precision)
+    if isinstance(precision, str):  # the native op itself, called past the wrapper
+        with pytest.raises(ValueError, match=r'gqa_decode_partial: precision must be "native" or "fp32", got "bf16"'
+                           if precision == "bf16" else "precision must be"):
+            torch.ops.dcp_ops.gqa_decode_partial(*gqa_args().values(), precision=precision)

@@ -30,6 +30,8 @@ def test_opcheck_every_op():
     torch.library.opcheck(ops.gqa_decode_partial, _gqa())
     torch.library.opcheck(ops.mla_decode_partial, _mla(False))
     torch.library.opcheck(ops.mla_decode_partial, _mla(True))
+    torch.library.opcheck(ops.gqa_decode_partial, _gqa(), {"precision": "fp32"})
+    torch.library.opcheck(ops.mla_decode_partial, _mla(True), {"precision": "fp32"})
     torch.library.opcheck(ops.merge_partials, (torch.randn(3, 2, 4, 16), torch.randn(3, 2, 4), math.e))
     torch.library.opcheck(ops.merge_partials, (torch.randn(3, 2, 4, 16).bfloat16(), torch.randn(3, 2, 4), 2.0))
     torch.library.opcheck(ops.correct_partial, (torch.randn(2, 4, 16), torch.randn(3, 2, 4), 1, math.e))
@@ -48,10 +50,10 @@ def test_compiled_merge_matches_eager():
 
 SCHEMAS = {
     "gqa_decode_partial": "dcp_ops::gqa_decode_partial(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
-                          "Tensor seq_lens, float scale) -> (Tensor out, Tensor lse)",
+                          "Tensor seq_lens, float scale, *, str precision=\"native\") -> (Tensor out, Tensor lse)",
     "mla_decode_partial": "dcp_ops::mla_decode_partial(Tensor q_nope, Tensor q_pe, Tensor kv_cache, Tensor block_table, "
-                          "Tensor seq_lens, float scale, Tensor? w_uk=None, Tensor? w_uv=None) -> (Tensor out, "
-                          "Tensor lse)",
+                          "Tensor seq_lens, float scale, Tensor? w_uk=None, Tensor? w_uv=None, *, "
+                          "str precision=\"native\") -> (Tensor out, Tensor lse)",
     "merge_partials": "dcp_ops::merge_partials(Tensor outs, Tensor lses, float lse_base=2.7182818284590451) -> "
                       "(Tensor out, Tensor lse)",
     "correct_partial": "dcp_ops::correct_partial(Tensor(a!) out, Tensor lses, int rank, "
@@ -65,3 +67,10 @@ SCHEMAS = {
 def test_schemas_are_stable():
     for name, schema in SCHEMAS.items():
         assert str(getattr(torch.ops.dcp_ops, name).default._schema) == schema, name
+
+
+def test_simt_library_keeps_the_public_schemas(simt_ops):
+    """torch.ops.dcp_ops_simt.* (the CUDA kernels under the SIMT executor) take exactly the public ops' arguments,
+    names and defaults included, so a test calls every CUDA kernel as an engine calls the op."""
+    for name, schema in SCHEMAS.items():
+        assert str(getattr(simt_ops, name).default._schema) == schema.replace("dcp_ops::", "dcp_ops_simt::"), name

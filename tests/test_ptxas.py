@@ -3,6 +3,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -16,6 +17,7 @@ INSTANTIATE = """
 #include "kernels/head_project.cuh"
 #include "kernels/merge.cuh"
 #include "kernels/mla_decode_mma.cuh"
+#include "kernels/mla_decode_tiled.cuh"
 #include "kernels/write_kv.cuh"
 // The launchers instantiate every kernel variant they can pick (16-byte packs and scalar, each head tile).
 namespace dcp_ops::kernels {
@@ -26,11 +28,15 @@ template <typename T> void all(cudaStream_t s) {
   correct_partial<T>(CorrectParams{}, s);
   pack_exchange<T>(PackParams{}, s);
   gqa_split<T>(GqaParams{}, s);             // the SIMT kernels (any device)
-  gqa_split_pass<T>(GqaParams{}, s, true);  // and the tensor-core ones (16-bit T, sm_80+)
+  for (bool native : {true, false})
+    gqa_split_pass<T>(GqaParams{}, s, true, native);  // and the tensor-core ones (16-bit T, sm_80+), P in 1 or 2 terms
   for (int latent : {128, 256, 512})
     for (int rope : {0, 64}) {
       mla_split<T>(MlaParams{}, latent, rope, s);
-      mla_split_pass<T>(MlaParams{}, latent, rope, s, true);
+      mla_split_pass<T>(MlaParams{}, latent, rope, s, true);  // "fp32" on tensor cores
+      if constexpr (sizeof(T) == 2)
+        if (latent != 128)
+          for (int bn : {64, 32}) mla_tiled_pass<T>(MlaParams{}, latent, rope, bn, s);  // "native"
     }
   head_project<T, T, float>(ProjectParams{}, s);
   head_project<float, T, T>(ProjectParams{}, s);
@@ -74,7 +80,7 @@ def test_kernels_have_no_spills_or_stack(compiled):
     kernels = re.findall(r"Compiling entry function '(\w+)'", report)
     names = " ".join(kernels)
     for family in ("merge_kernel", "correct_kernel", "pack_kernel", "write_kv_kernel", "gqa_split_kernel",
-                   "gqa_mma_kernel", "mla_split_kernel", "mla_mma_kernel", "head_project_kernel"):
+                   "gqa_mma_kernel", "mla_split_kernel", "mla_mma_kernel", "mla_tiled_kernel", "head_project_kernel"):
         assert family in names, f"{arch}: {family} not compiled: {names}"
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", report)]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
@@ -105,12 +111,36 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
         if "gqa_mma_kernel" in name:
             mma += 1
             assert re.search(r"HMMA\.16816\.F32", fn), f"{arch}: no tensor-core mma in {name}"
+    tiled = 0
     for fn in functions[1:]:  # MLA on tensor cores: rows reach shared memory by 16-byte cp.async
         name = fn.split("\n", 1)[0]
-        if "mla_mma_kernel" in name:
+        if "mla_mma_kernel" in name or "mla_tiled_kernel" in name:
             mma += 1
             assert re.search(r"HMMA\.16816\.F32", fn), f"{arch}: no tensor-core mma in {name}"
             assert re.search(r"LDGSTS\.E\.(?:BYPASS\.)?128", fn), f"{arch}: no 16-byte cp.async in {name}"
+        if "mla_tiled_kernel" in name:  # operands from shared memory by ldmatrix (V by ldmatrix.trans)
+            tiled += 1
+            assert re.search(r"LDSM\.16\.M88\.4", fn) and re.search(r"LDSM\.16\.MT88\.4", fn), \
+                f"{arch}: no ldmatrix / ldmatrix.trans in {name}"
     assert checked >= 30, f"{arch}: only {checked} wide kernels found in the SASS"
-    assert mma == 16, f"{arch}: {mma} tensor-core kernels found in the SASS, expected 16 (2 types x 2 dims x 2 tiles " \
-        "for GQA, 2 types x 2 latents x 2 ropes for MLA)"
+    assert tiled == 16, f"{arch}: {tiled} tiled MLA kernels, expected 2 types x 2 latents x 2 ropes x 2 token tiles"
+    assert mma == 40, f"{arch}: {mma} tensor-core kernels found in the SASS, expected 40 (2 types x 2 dims x 2 tiles " \
+        "x 2 precisions for GQA; 2 types x 2 latents x 2 ropes for MLA fp32, and those x 2 token tiles tiled)"
+
+
+def test_sass_budget_of_the_native_mla_kernel(compiled):
+    """DESIGN.md §8's static targets, read as bench/gpu/sass_budget.py reads them: the sm_90a bf16 512 + 64 native
+    MLA split pass at most 1.05x the minimum HMMA per (KV token x query head) and 2.5 warp instructions per one."""
+    arch, _, cubin = compiled
+    if arch != "sm_90a":
+        pytest.skip("the static targets are set for sm_90a")
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+    import sass_budget
+    records = [r for r in sass_budget.budget(cubin, arch)
+               if r["op"] == "mla" and r["precision"] == "native" and r["dtype"] == "bf16" and r["dims"] == "512+64"]
+    assert records, "no native bf16 512 + 64 MLA kernel in the SASS"
+    best = max(records, key=lambda r: r["token_heads"])  # the tile the launcher picks where shared memory allows
+    assert best["token_heads"] >= 64 * 64, best
+    assert best["hmma_per_token_head"] <= 1.05 * best["hmma_min_per_token_head"], best
+    assert best["warp_instructions_per_token_head"] <= 2.5, best
+    assert best["spill_bytes"] == 0 and 0 < best["registers"] <= 255, best

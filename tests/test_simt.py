@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from dcp_ops import reference as ref
 from conftest import DTYPES
-from tolerances import assert_lse_matches, assert_matches
+from tolerances import assert_decode, assert_lse_matches, assert_matches
 
 pytestmark = pytest.mark.simt
 
@@ -133,24 +133,26 @@ def test_write_kv_cuda_source(simt_ops, entry, dtype, T, seed):
 @settings(max_examples=10, deadline=None)
 @given(dtype=st.sampled_from(DTYPES), head_dim=st.sampled_from([64, 128, 256]), group=st.sampled_from([1, 3, 8, 16]),
        hkv=st.sampled_from([1, 2]), block_size=st.sampled_from([1, 16]),
-       lens=st.lists(st.integers(0, 40), min_size=1, max_size=2), seed=st.integers(0, 2**31 - 1))
-def test_gqa_decode_cuda_source(simt_ops, dtype, head_dim, group, hkv, block_size, lens, seed):
+       lens=st.lists(st.integers(0, 40), min_size=1, max_size=2), precision=st.sampled_from(["native", "fp32"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_gqa_decode_cuda_source(simt_ops, dtype, head_dim, group, hkv, block_size, lens, precision, seed):
     from conftest import paged_cache, randn
     gen = torch.Generator().manual_seed(seed)
     k, table = paged_cache(lens, block_size, (hkv, head_dim), dtype, gen)
     v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
     q = randn(len(lens), hkv * group, head_dim, dtype=dtype, gen=gen)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    out, lse = simt_ops.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
-    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
-    assert_matches(out, r_out, dtype, "out (GQA CUDA source)")
-    assert_lse_matches(lse, r_lse, "lse (GQA CUDA source)")
+    out, lse = simt_ops.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5, precision=precision)
+    assert_decode(out, lse, ref.gqa_decode_partial, (q, k, v, table, seq_lens, head_dim ** -0.5), dtype, precision,
+                  "GQA CUDA source")
 
 
+@pytest.mark.parametrize("precision", ["native", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim,group,hkv,block_size", [(128, 8, 2, 16), (64, 24, 1, 5), (128, 16, 1, 64),
                                                            (64, 1, 3, 1), (128, 3, 2, 7)])
-def test_gqa_decode_cuda_source_tensor_cores_over_many_tokens(simt_ops, dtype, head_dim, group, hkv, block_size):
+def test_gqa_decode_cuda_source_tensor_cores_over_many_tokens(simt_ops, dtype, head_dim, group, hkv, block_size,
+                                                              precision):
     # The tensor-core kernel (16-bit caches, head dims 64 / 128): several 16-token steps per warp, several splits,
     # lengths that end inside a step and inside a block, head tiles of 8 and 16 rows with unused rows (groups 1, 3,
     # 24), block sizes below, at and above a step.
@@ -161,10 +163,9 @@ def test_gqa_decode_cuda_source_tensor_cores_over_many_tokens(simt_ops, dtype, h
     v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
     q = randn(len(lens), hkv * group, head_dim, dtype=dtype, gen=gen, scale=3.0)  # sharper softmax than 1.0
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    out, lse = simt_ops.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
-    r_out, r_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5)
-    assert_matches(out, r_out, dtype, "out (GQA tensor-core CUDA source)")
-    assert_lse_matches(lse, r_lse, "lse (GQA tensor-core CUDA source)")
+    out, lse = simt_ops.gqa_decode_partial(q, k, v, table, seq_lens, head_dim ** -0.5, precision=precision)
+    assert_decode(out, lse, ref.gqa_decode_partial, (q, k, v, table, seq_lens, head_dim ** -0.5), dtype, precision,
+                  "GQA tensor-core CUDA source")
 
 
 def _mla_case(T_lens, heads, latent, rope, absorb, up, block_size, dtype, gen):
@@ -181,14 +182,13 @@ def _mla_case(T_lens, heads, latent, rope, absorb, up, block_size, dtype, gen):
 @settings(max_examples=10, deadline=None)
 @given(dtype=st.sampled_from(DTYPES), dims=st.sampled_from([(512, 64), (256, 0), (128, 64)]),
        heads=st.integers(1, 6), absorb=st.booleans(), up=st.booleans(), block_size=st.sampled_from([1, 16]),
-       lens=st.lists(st.integers(0, 40), min_size=1, max_size=2), seed=st.integers(0, 2**31 - 1))
-def test_mla_decode_cuda_source(simt_ops, dtype, dims, heads, absorb, up, block_size, lens, seed):
+       lens=st.lists(st.integers(0, 40), min_size=1, max_size=2), precision=st.sampled_from(["native", "fp32"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_mla_decode_cuda_source(simt_ops, dtype, dims, heads, absorb, up, block_size, lens, precision, seed):
     args = _mla_case(lens, heads, *dims, absorb, up, block_size, dtype, torch.Generator().manual_seed(seed))
-    out, lse = simt_ops.mla_decode_partial(*args)
-    r_out, r_lse = ref.mla_decode_partial(*args)
-    assert out.shape == r_out.shape and out.dtype == dtype
-    assert_matches(out, r_out, dtype, "out (MLA CUDA source)")
-    assert_lse_matches(lse, r_lse, "lse (MLA CUDA source)")
+    out, lse = simt_ops.mla_decode_partial(*args, precision=precision)
+    assert out.dtype == dtype
+    assert_decode(out, lse, ref.mla_decode_partial, args, dtype, precision, "MLA CUDA source")
 
 
 def test_mla_decode_cuda_source_many_tokens_and_splits(simt_ops):
@@ -202,11 +202,13 @@ def test_mla_decode_cuda_source_many_tokens_and_splits(simt_ops):
     assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == -math.inf).all())
 
 
+@pytest.mark.parametrize("precision", ["native", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,latent,rope,block_size,absorb", [(16, 512, 64, 64, True), (20, 256, 0, 5, False),
-                                                                  (5, 512, 0, 16, True), (3, 256, 64, 1, False)])
+                                                                  (5, 512, 0, 16, True), (3, 256, 64, 1, False),
+                                                                  (128, 512, 64, 64, True), (65, 256, 64, 16, False)])
 def test_mla_decode_cuda_source_tensor_cores_over_many_tokens(simt_ops, dtype, heads, latent, rope, block_size,
-                                                               absorb):
+                                                               absorb, precision):
     # The tensor-core kernel (16-bit caches, latent 256 / 512): several 16-token steps through both shared-memory
     # stages, two KV splits, lengths that end inside a step and inside a block, head tiles with unused rows (5, 3, and
     # 20 = 16 + 4), a sharper softmax than the default (query x 3), and block sizes below, at and above a step.
@@ -214,11 +216,29 @@ def test_mla_decode_cuda_source_tensor_cores_over_many_tokens(simt_ops, dtype, h
     q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv = _mla_case(
         lens, heads, latent, rope, absorb, absorb, block_size, dtype, torch.Generator().manual_seed(heads + latent))
     q_nope, q_pe = (q_nope.float() * 3).to(dtype), (q_pe.float() * 3).to(dtype)
-    out, lse = simt_ops.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
-    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
-    assert_matches(out, r_out, dtype, "out (MLA tensor-core CUDA source)")
-    assert_lse_matches(lse, r_lse, "lse (MLA tensor-core CUDA source)")
+    args = (q_nope, q_pe, kv, table, seq_lens, scale, w_uk, w_uv)
+    out, lse = simt_ops.mla_decode_partial(*args, precision=precision)
+    assert_decode(out, lse, ref.mla_decode_partial, args, dtype, precision, "MLA tensor-core CUDA source")
     assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == -math.inf).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mla_decode_cuda_source_precision_is_the_one_asked_for(simt_ops, dtype):
+    # DeepSeek's 512 + 64 with w_uk at a sharper softmax (query x 3): "native" rounds the absorbed query to one 16-bit
+    # term, which moves the scores, and so the LSE, far more than 1e-5; "fp32" splits it into three, which do not.
+    # So native's LSE sits near the same-precision reference's and visibly off the exact one, and fp32's on the exact.
+    lens = [300, 129]
+    q_nope, q_pe, kv, table, seq_lens, scale, w_uk, _ = _mla_case(lens, 16, 512, 64, True, False, 64, dtype,
+                                                                  torch.Generator().manual_seed(4))
+    args = ((q_nope.float() * 3).to(dtype), (q_pe.float() * 3).to(dtype), kv, table, seq_lens, scale, w_uk)
+    exact, same = ref.mla_decode_partial(*args), ref.mla_decode_partial(*args, round_to=dtype)
+    err = lambda a, b: (a.double() - b).abs().max().item()  # noqa: E731
+    _, lse_fp32 = simt_ops.mla_decode_partial(*args, precision="fp32")
+    _, lse_native = simt_ops.mla_decode_partial(*args, precision="native")
+    assert err(lse_fp32, exact[1]) <= 1e-5
+    assert err(same[1], exact[1]) >= 1e-4  # the case is sharp enough to tell the modes apart
+    assert err(lse_native, exact[1]) >= 1e-4, "native computed more exactly than one 16-bit query term allows"
+    assert err(lse_native, same[1]) <= err(same[1], exact[1]) / 4
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -254,10 +274,11 @@ def test_mla_decode_cuda_source_takes_strided_views(simt_ops):
     q = torch.cat([q_nope, q_pe], -1)
     w_uk_t = w_uk.transpose(1, 2).contiguous().transpose(1, 2)  # same values, last dim strided
     w_uv_t = w_uv.transpose(1, 2).contiguous().transpose(1, 2)
-    out, lse = simt_ops.mla_decode_partial(q[..., :48], q[..., 48:], kv, table, lens, scale, w_uk_t, w_uv_t)
-    r_out, r_lse = ref.mla_decode_partial(q_nope, q_pe, kv, table, lens, scale, w_uk, w_uv)
-    assert_matches(out, r_out, torch.bfloat16, "out (strided views)")
-    assert_lse_matches(lse, r_lse, "lse (strided views)")
+    for precision in ("native", "fp32"):
+        out, lse = simt_ops.mla_decode_partial(q[..., :48], q[..., 48:], kv, table, lens, scale, w_uk_t, w_uv_t,
+                                               precision=precision)
+        assert_decode(out, lse, ref.mla_decode_partial, (q_nope, q_pe, kv, table, lens, scale, w_uk, w_uv),
+                      torch.bfloat16, precision, "strided views")
 
 
 @pytest.mark.parametrize("kind", ["gqa", "mla"])

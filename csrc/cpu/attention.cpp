@@ -79,7 +79,9 @@ void per_head_matmul(const float* x, int64_t xs0, int64_t xs1, int64_t T, const 
 }  // namespace
 
 std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                                  const Tensor& block_table, const Tensor& seq_lens, double scale) {
+                                                  const Tensor& block_table, const Tensor& seq_lens, double scale,
+                                                  c10::string_view precision) {
+  parse_precision(precision, "gqa_decode_partial");  // exact under both: it passes the native bound too
   const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table, seq_lens, scale);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "gqa_decode_partial");
   std::vector<float> q32(d.T * d.Hq * d.Dk);
@@ -104,7 +106,8 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor&
 std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                   const std::optional<Tensor>& w_uk,
-                                                  const std::optional<Tensor>& w_uv) {
+                                                  const std::optional<Tensor>& w_uv, c10::string_view precision) {
+  parse_precision(precision, "mla_decode_partial");  // exact under both: it passes the native bound too
   const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "mla_decode_partial");
   // Query rows [latent | rope] in fp32, times scale * log2(e); the latent part absorbed through w_uk if given (in

@@ -8,7 +8,9 @@
 namespace dcp_ops {
 
 std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                                   const Tensor& block_table, const Tensor& seq_lens, double scale) {
+                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
+                                                   c10::string_view precision) {
+  const bool native = parse_precision(precision, "gqa_decode_partial") == Precision::kNative;
   const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table, seq_lens, scale);
   DCP_CUDA_GUARD(q);
   TORCH_CHECK(kernels::gqa_supported_head_dim(static_cast<int>(d.Dk), static_cast<int>(q.element_size())),
@@ -41,7 +43,7 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
                                static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
                                static_cast<int>(d.Dv), 1.f};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q.scalar_type(), "gqa_decode_partial", [&] {
-    cudaError_t e = kernels::gqa_split_pass<scalar_t>(p, current_stream(), has_mma_sync());
+    cudaError_t e = kernels::gqa_split_pass<scalar_t>(p, current_stream(), has_mma_sync(), native);
     return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
   });
   DCP_CHECK_LAUNCH(err, "gqa_decode_partial");

@@ -15,6 +15,7 @@ inline cudaStream_t current_stream() { return nullptr; }
 // Under the executor outputs start as NaN, so an element a kernel never writes fails its test.
 inline at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& o) { return at::full(shape, NAN, o); }
 inline bool has_mma_sync() { return true; }  // the executor runs the tensor-core kernels too
+inline int sm_count() { return 8; }           // what the split plans fill under the executor
 }  // namespace dcp_ops
 #else
 #include <c10/cuda/CUDAGuard.h>
@@ -31,6 +32,14 @@ inline bool has_mma_sync() {
   int device = 0, major = 0;
   return cudaGetDevice(&device) == cudaSuccess &&
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 8;
+}
+// The current device's SM count (a cached attribute read), 1 if it cannot be read.
+inline int sm_count() {
+  int device = 0, sms = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+                 cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && sms > 0
+             ? sms
+             : 1;
 }
 }  // namespace dcp_ops
 #endif

@@ -1,11 +1,17 @@
-// CUDA launcher of mla_decode_partial: query staging (w_uk absorption and scale, head_project), the split-KV pass (on
-// tensor cores for 16-bit caches with latent 256 or 512 on sm_80 and later, else the SIMT kernel),
-// the merge of the splits, and the optional w_uv up-projection (head_project). No host synchronisation: the split
-// count comes from the block table's capacity, never from seq_lens' values.
+// CUDA launcher of mla_decode_partial: query staging (w_uk absorption, head_project), the split-KV pass, the merge of
+// the splits, and the optional w_uv up-projection (head_project). The split pass, for 16-bit caches with latent 256 or
+// 512 on sm_80 and later:
+//   - precision "native": mla_decode_tiled.cuh on the absorbed query rounded to the cache's type, where the device's
+//     shared memory holds its tiles (sm_80, sm_90, sm_100); elsewhere (sm_86, sm_89) the "fp32" kernel, whose results
+//     are within the native bound too;
+//   - precision "fp32": mla_decode_mma.cuh on the fp32 scaled query;
+// else the SIMT kernel of mla_decode.cuh. No host synchronisation: the split count comes from the block table's
+// capacity and the device's SM count, never from seq_lens' values.
 #include "cuda/launch.h"
 #include "kernels/head_project.cuh"
 #include "kernels/merge.cuh"
 #include "kernels/mla_decode_mma.cuh"
+#include "kernels/mla_decode_tiled.cuh"
 #include "ops.h"
 
 namespace dcp_ops {
@@ -23,12 +29,24 @@ cudaError_t project(const Tensor& x, const std::optional<Tensor>& w, void* y, in
                                  static_cast<int>(x.size(2)), static_cast<int>(N), scale};
   return kernels::head_project<TX, TW, TY>(p, current_stream());
 }
+
+// The tiled kernel's plan: enough splits for about one block per SM over the batch's row tiles, each a whole number
+// of token tiles; from shapes only.
+KvSplits tiled_splits(int64_t T, int64_t H, int64_t max_blocks, int64_t block_size, int64_t bn) {
+  (void)kv_splits(T, max_blocks, block_size, "mla_decode_partial");  // the grid's limits
+  const int64_t capacity = max_blocks * block_size, blocks = T * ((H + kernels::kMlaRows - 1) / kernels::kMlaRows);
+  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + bn - 1) / bn));
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(most, (sm_count() + blocks - 1) / blocks));
+  const int64_t per = (capacity + splits - 1) / splits;
+  return {splits, std::max<int64_t>(bn, (per + bn - 1) / bn * bn)};
+}
 }  // namespace
 
 std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
                                                    const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                    const std::optional<Tensor>& w_uk,
-                                                   const std::optional<Tensor>& w_uv) {
+                                                   const std::optional<Tensor>& w_uv, c10::string_view precision) {
+  const bool native = parse_precision(precision, "mla_decode_partial") == Precision::kNative;
   const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv);
   DCP_CUDA_GUARD(q_nope);
   const int64_t latent = d.Dv, rope = q_pe.size(2), es = q_nope.element_size();
@@ -45,13 +63,19 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
   Tensor out = new_output({d.T, d.Hq, d_out}, q_nope.options());
   Tensor lse = new_output({d.T, d.Hq}, f32);
   if (d.T == 0 || d.Hq == 0) return {out, lse};
-  const KvSplits plan = kv_splits(d.T, d.max_blocks, d.block_size, "mla_decode_partial");
+  const int bn = native && has_mma_sync() ? kernels::mla_tiled_tokens(static_cast<int>(latent), static_cast<int>(rope),
+                                                                       static_cast<int>(es), kernels::smem_optin_bytes())
+                                          : 0;
+  const KvSplits plan = bn > 0 ? tiled_splits(d.T, d.Hq, d.max_blocks, d.block_size, bn)
+                               : kv_splits(d.T, d.max_blocks, d.block_size, "mla_decode_partial");
   const int64_t splits = plan.splits, per_split = plan.per_split;
-  Tensor q32 = new_output({d.T, d.Hq, DK}, f32);
+  Tensor qs = new_output({d.T, d.Hq, DK}, bn > 0 ? q_nope.options() : f32);  // the staged query
   Tensor part_o = new_output({splits, d.T, d.Hq, latent}, f32);
   Tensor part_lse = new_output({splits, d.T, d.Hq}, f32);
   Tensor merged = w_uv.has_value() ? new_output({d.T, d.Hq, latent}, f32) : out;
-  const kernels::MlaParams p{q32.data_ptr<float>(), kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1),
+  const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  const kernels::MlaParams p{bn > 0 ? nullptr : qs.data_ptr<float>(), bn > 0 ? qs.data_ptr() : nullptr,
+                             scale_log2, kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1),
                              block_table.data_ptr<int32_t>(), block_table.stride(0), seq_lens.data_ptr<int32_t>(),
                              static_cast<int>(d.T), static_cast<int>(d.Hq), static_cast<int>(d.num_blocks),
                              static_cast<int>(d.block_size), static_cast<int>(d.max_blocks),
@@ -62,15 +86,25 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                                merged.data_ptr(), d.Hq * latent, latent, lse.data_ptr<float>(), d.Hq, 1,
                                static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
                                static_cast<int>(latent), 1.f};
-  const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   const cudaError_t err = DCP_DISPATCH_FLOAT(q_nope.scalar_type(), "mla_decode_partial", [&] {
-    float* qp = q32.data_ptr<float>();
-    cudaError_t e = project<scalar_t, scalar_t, float>(q_nope, w_uk, qp, d.Hq * DK, DK, latent, scale_log2);
-    if (e == cudaSuccess && rope > 0)
-      e = project<scalar_t, scalar_t, float>(q_pe, std::nullopt, qp + latent, d.Hq * DK, DK, rope, scale_log2);
-    if (e == cudaSuccess)
-      e = kernels::mla_split_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope), current_stream(),
-                                            has_mma_sync());
+    cudaError_t e = cudaSuccess;
+    if (bn > 0) {  // the absorbed query rounded once to the cache's type, unscaled (the kernel scales the scores)
+      scalar_t* qp = static_cast<scalar_t*>(qs.data_ptr());
+      e = project<scalar_t, scalar_t, scalar_t>(q_nope, w_uk, qp, d.Hq * DK, DK, latent, 1.f);
+      if (e == cudaSuccess && rope > 0)
+        e = project<scalar_t, scalar_t, scalar_t>(q_pe, std::nullopt, qp + latent, d.Hq * DK, DK, rope, 1.f);
+      if (e == cudaSuccess)
+        e = kernels::mla_tiled_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope), bn,
+                                              current_stream());
+    } else {  // the fp32 query, scaled
+      float* qp = qs.data_ptr<float>();
+      e = project<scalar_t, scalar_t, float>(q_nope, w_uk, qp, d.Hq * DK, DK, latent, scale_log2);
+      if (e == cudaSuccess && rope > 0)
+        e = project<scalar_t, scalar_t, float>(q_pe, std::nullopt, qp + latent, d.Hq * DK, DK, rope, scale_log2);
+      if (e == cudaSuccess)
+        e = kernels::mla_split_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope), current_stream(),
+                                              has_mma_sync());
+    }
     if (!w_uv.has_value()) return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
     if (e == cudaSuccess) e = kernels::merge<float, float>(m, current_stream());
     return e != cudaSuccess ? e

@@ -10,7 +10,8 @@
 //   P.V (k = tokens): the score fragments are already P's A fragment (rows = heads, k = tokens 2t, 2t+1, 2t+8, 2t+9),
 //     and those are the tokens whose values the lane loads: chunks g and g + 8 (and so on per 64 dims) of each.
 //     Column g of n-tile (h, j) is head dim 64 h + 8 g + j; byte permutes pair two tokens' elements per register.
-//   P is split into hi + lo 16-bit parts (two products), so P.V is as accurate as with fp32 probabilities.
+//   precision "fp32" (PT = 2) splits P into hi + lo 16-bit parts (two products), so P.V is as accurate as with fp32
+//   probabilities; "native" (PT = 1) rounds P to T once, as every kernel of the field does.
 // Tokens past the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0.
 #pragma once
 
@@ -37,8 +38,8 @@ struct StepBlocks {
   }
 };
 
-template <typename T, int D, int GT>
-__global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p) {
+template <typename T, int D, int GT, int PT>
+__global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams p) {
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
   static_assert(GT == 8 || GT == 16, "8 or 16 query heads per tile");
   constexpr int KC = D / 32;     // key chunks per lane and token (two k-tiles each)
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p)
       }
     }
     // online softmax, once per step: row r's scores are sc[u][2r + e]; the 4 lanes of a row group share m
-    uint32_t ph[4], pl[4];
+    uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
       float x[2][2];
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p)
       for (int u = 0; u < 2; ++u)
 #pragma unroll
         for (int e = 0; e < 2; ++e) x[u][e] = valid[u][e] ? sc[u][2 * r + e] * p.scale_log2 : -INFINITY;
-      softmax_step<T>(x, r, m[r], l[r], acc, ph, pl);
+      softmax_step<T, PT>(x, r, m[r], l[r], acc, ph, pl);
     }
     if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
     // P.V: n-tile (h, j), column g = head dim 64 h + 8 g + j; k = tokens 2t, 2t+1 | 2t+8, 2t+9
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p)
       for (int j = 0; j < 8; ++j) {
         const uint32_t b[2] = {pair_rows(vw[0][0][h], vw[0][1][h], j), pair_rows(vw[1][0][h], vw[1][1][h], j)};
         mma_16816<T>(acc[8 * h + j], ph, b);
-        mma_16816<T>(acc[8 * h + j], pl, b);
+        if constexpr (PT == 2) mma_16816<T>(acc[8 * h + j], pl, b);
       }
   }
   // the row sums of the 4 lanes of a row group; then this warp's state into slot `warp`
@@ -180,25 +181,29 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps) gqa_mma_kernel(GqaParams p)
   combine_slots(st, kGqaMmaWarps, GT, ng, D, p.part_o + row * D, p.part_lse + row);
 }
 
-template <typename T, int D, int GT>
+template <typename T, int D, int GT, int PT>
 cudaError_t gqa_mma_launch(const GqaParams& p, cudaStream_t stream) {
   const int G = p.Hq / p.Hkv;
   const dim3 grid(p.splits, p.Hkv * ((G + GT - 1) / GT), p.T);
-  auto kernel = gqa_mma_kernel<T, D, GT>;
+  auto kernel = gqa_mma_kernel<T, D, GT, PT>;
   DCP_LAUNCH(kernel, grid, dim3(32 * kGqaMmaWarps), slot_smem_bytes(kGqaMmaWarps, GT, D), stream, p);
   return cudaGetLastError();
 }
 
 // The split pass of gqa_decode_partial: on tensor cores for 16-bit caches with head dims 64 and 128 when the device
-// has them (sm_80 and later), else the SIMT kernel of gqa_decode.cuh.
+// has them (sm_80 and later), else the SIMT kernel of gqa_decode.cuh; P in 1 term (native) or 2 (fp32).
+template <typename T, int PT>
+cudaError_t gqa_mma_dispatch(const GqaParams& p, cudaStream_t stream) {
+  const bool wide = p.Hq / p.Hkv > 8;
+  if (p.D == 64) return wide ? gqa_mma_launch<T, 64, 16, PT>(p, stream) : gqa_mma_launch<T, 64, 8, PT>(p, stream);
+  return wide ? gqa_mma_launch<T, 128, 16, PT>(p, stream) : gqa_mma_launch<T, 128, 8, PT>(p, stream);
+}
+
 template <typename T>
-cudaError_t gqa_split_pass(const GqaParams& p, cudaStream_t stream, bool tensor_cores) {
+cudaError_t gqa_split_pass(const GqaParams& p, cudaStream_t stream, bool tensor_cores, bool native) {
   if constexpr (sizeof(T) == 2) {
-    if (tensor_cores && (p.D == 64 || p.D == 128)) {
-      const bool wide = p.Hq / p.Hkv > 8;
-      if (p.D == 64) return wide ? gqa_mma_launch<T, 64, 16>(p, stream) : gqa_mma_launch<T, 64, 8>(p, stream);
-      return wide ? gqa_mma_launch<T, 128, 16>(p, stream) : gqa_mma_launch<T, 128, 8>(p, stream);
-    }
+    if (tensor_cores && (p.D == 64 || p.D == 128))
+      return native ? gqa_mma_dispatch<T, 1>(p, stream) : gqa_mma_dispatch<T, 2>(p, stream);
   }
   return gqa_split<T>(p, stream);
 }

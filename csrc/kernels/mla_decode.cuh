@@ -15,6 +15,8 @@ namespace dcp_ops::kernels {
 
 struct MlaParams {
   const float* q;            // [T, H, DL + DR] fp32, contiguous, scaled by softmax scale * log2(e)
+  const void* q16;           // precision "native" on tensor cores: [T, H, DL + DR] in the cache's type, unscaled
+  float scale_log2;          // with q16: softmax scale * log2(e), applied to the fp32 scores
   const void* kv;            // [num_blocks, block_size, DL + DR], element strides below
   int64_t kv_sb, kv_st;
   const int32_t* block_table;

@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
       for (int u = 0; u < 2; ++u)
 #pragma unroll
         for (int e = 0; e < 2; ++e) x[u][e] = rowoff[buf * 16 + 8 * u + 2 * t + e] >= 0 ? sc[u][2 * r + e] : -INFINITY;
-      softmax_step<T>(x, r, m[r], l[r], acc, ph, pl);
+      softmax_step<T, 2>(x, r, m[r], l[r], acc, ph, pl);
     }
     // P.V over this warp's latent dims: n-tile j, column g = dim 64 warp + 8 g + j; rows 8u + 2t + e
     uint32_t vw[2][2][4];

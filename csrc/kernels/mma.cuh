@@ -49,9 +49,10 @@ __device__ __forceinline__ void split_terms(float x0, float x1, uint32_t (&terms
 
 // One online-softmax update of fragment row g + 8 r over the 16 tokens of a step: x[u][e] is this lane's score of
 // token 8u + 2t + e (log2 units; -inf: no token), and the 4 lanes of a row group share the row's max m and (at the
-// end) sum l. Rescales the row's accumulator columns, and writes P's A-fragment registers 2u + r as 2 terms
-// (split_terms): the hi parts in ph, the lo parts in pl.
-template <typename T, int NACC>
+// end) sum l, summed from the unrounded P. Rescales the row's accumulator columns, and writes P's A-fragment
+// registers 2u + r as PT terms (split_terms): PT = 1 rounds P to T (precision "native"); PT = 2 puts the hi parts
+// in ph and the lo parts in pl ("fp32"). With PT = 1, pl is left alone.
+template <typename T, int PT, int NACC>
 __device__ __forceinline__ void softmax_step(const float (&x)[2][2], int r, float& m, float& l, float (&acc)[NACC][4],
                                              uint32_t (&ph)[4], uint32_t (&pl)[4]) {
   float mx = fmaxf(fmaxf(x[0][0], x[0][1]), fmaxf(x[1][0], x[1][1]));
@@ -76,10 +77,10 @@ __device__ __forceinline__ void softmax_step(const float (&x)[2][2], int r, floa
   }
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
-    uint32_t terms[2];
-    split_terms<T, 2>(pw[u][0], pw[u][1], terms);
+    uint32_t terms[PT];
+    split_terms<T, PT>(pw[u][0], pw[u][1], terms);
     ph[2 * u + r] = terms[0];
-    pl[2 * u + r] = terms[1];
+    if constexpr (PT == 2) pl[2 * u + r] = terms[PT - 1];
   }
 }
 
@@ -88,6 +89,52 @@ __device__ __forceinline__ void softmax_step(const float (&x)[2][2], int r, floa
 __device__ __forceinline__ uint32_t pair_rows(const uint32_t (&x)[4], const uint32_t (&y)[4], int j) {
   return __byte_perm(x[j / 2], y[j / 2], j % 2 ? 0x7632 : 0x5410);
 }
+
+// ldmatrix .x4 (.b16): lane l gives the address of row l % 8 of 8 x 8 matrix l / 8 (16 bytes a row, in shared
+// memory); register i of lane l gets row l / 4, elements 2 (l % 4), + 1 of matrix i, or with TRANS column l / 4,
+// rows 2 (l % 4), + 1 (the matrix transposed). The A fragment of a 16 x 16 tile is matrices (rows 0-7 | 8-15) x
+// (k 0-7 | 8-15) in the order of a[]; a B fragment pair is a row-major [n][k] (or, TRANS, [k][n]) tile's matrices.
+// SmemAddr is a shared-window address on the GPU (byte offsets add to it), a host pointer under the executor.
+#ifdef DCP_SIMT
+using SmemAddr = const unsigned char*;
+inline SmemAddr smem_addr(const void* p) { return static_cast<SmemAddr>(p); }
+template <bool TRANS>
+inline void ldmatrix_x4(uint32_t (&d)[4], SmemAddr row) {
+  const int lane = simt::lane(), g = lane / 4, t = lane % 4;
+  uint32_t out[4];
+  simt::warp_view(&row, [&](auto at) {
+    auto elem = [&](int m, int r, int c) {  // element (r, c) of matrix m
+      const SmemAddr p = *static_cast<const SmemAddr*>(at(8 * m + r));
+      uint16_t v;
+      std::memcpy(&v, p + 2 * c, 2);
+      return static_cast<uint32_t>(v);
+    };
+    for (int m = 0; m < 4; ++m)
+      out[m] = TRANS ? elem(m, 2 * t, g) | elem(m, 2 * t + 1, g) << 16 : elem(m, g, 2 * t) | elem(m, g, 2 * t + 1) << 16;
+  });
+  for (int m = 0; m < 4; ++m) d[m] = out[m];
+}
+#else
+using SmemAddr = uint32_t;
+__device__ __forceinline__ SmemAddr smem_addr(const void* p) {
+  return static_cast<SmemAddr>(__cvta_generic_to_shared(p));
+}
+template <bool TRANS>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&d)[4], SmemAddr row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // the launchers choose the kernels that use it on sm_80 and later only
+#else
+  if constexpr (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(row));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(row));
+#endif
+}
+#endif
 
 // c += A * B.
 template <typename T>

@@ -40,6 +40,7 @@ struct dim3 {
 using cudaError_t = int;
 using cudaStream_t = void*;
 constexpr cudaError_t cudaSuccess = 0;
+constexpr cudaError_t cudaErrorInvalidValue = 1;
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline const char* cudaGetErrorString(cudaError_t) { return "simt"; }
 

@@ -1,0 +1,182 @@
+"""Static cost of the tensor-core split passes, read from the built library's SASS (no GPU needed).
+
+For each instantiation of gqa_mma_kernel, mla_mma_kernel and mla_tiled_kernel in dcp_ops._C, on one arch: the hot
+loop (the loop with the most HMMA; its static body, which the full-tile path runs once per iteration), its
+instructions, HMMA, other instructions per HMMA, shared loads (LDS / LDSM), barriers, inner loops, the registers and
+local memory (spills) from `cuobjdump -res-usage`, and, with the (KV token x query head) pairs one CTA iteration covers,
+warp instructions and HMMA per token-head next to the minimum ((D_k + D_v) MACs / 2048 per m16n8k16). DESIGN.md §8's
+static targets are for sm_90a, bf16, precision "native", MLA 512 + 64.
+
+    python bench/gpu/sass_budget.py [--lib PATH] [--arch sm_90a] [--json PATH]
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from typing import Dict, List, Optional, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DTYPES = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
+INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
+
+
+def cuobjdump() -> str:
+    """cuobjdump from the CUDA toolkit, or the copy inside the triton package that torch installs."""
+    import importlib.util
+    cands = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump"), shutil.which("cuobjdump")]
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin:
+        cands.append(os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "cuobjdump"))
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    sys.exit("sass_budget: cuobjdump not found (CUDA toolkit, PATH, or the triton package)")
+
+
+def default_lib() -> str:
+    libs = glob.glob(os.path.join(ROOT, "dcp_ops", "_C*.so"))
+    if not libs:
+        sys.exit("sass_budget: dcp_ops/_C*.so not found; build it first (scripts/setup.sh)")
+    return libs[0]
+
+
+def geometry(name: str) -> Optional[dict]:
+    """What one instantiation computes, from its mangled name: op, dtype, dims, precision, warps per CTA, and the
+    (KV token x query head) pairs one CTA iteration covers (every warp runs the loop body once per iteration)."""
+    dtype = next((v for k, v in DTYPES.items() if k in name), None)
+    args = [int(x) for x in re.findall(r"Li(\d+)E", name)]
+    if dtype is None:
+        return None
+    if "mla_tiled_kernel" in name:  # <T, DL, DR, BN>: 8 warps, 64 rows x BN tokens, one 16-bit query term, P once
+        dl, dr, bn = args
+        return dict(op="mla", dtype=dtype, dims=f"{dl}+{dr}", precision="native", warps=8, token_heads=bn * 64,
+                    macs=2 * dl + dr)
+    if "mla_mma_kernel" in name:  # <T, DL, DR>: DL / 64 warps, 16 heads x 16 tokens, 3 query terms, P in 2
+        dl, dr = args
+        return dict(op="mla", dtype=dtype, dims=f"{dl}+{dr}", precision="fp32", warps=dl // 64, token_heads=256,
+                    macs=2 * dl + dr)
+    if "gqa_mma_kernel" in name:  # <T, D, GT, PT>: 4 warps, each its own 16 tokens x GT heads
+        d, gt, pt = args
+        return dict(op="gqa", dtype=dtype, dims=f"{d}", precision="native" if pt == 1 else "fp32", warps=4,
+                    token_heads=4 * 16 * gt, macs=2 * d)
+    return None
+
+
+def functions(sass: str) -> Dict[str, List[Tuple[int, str, str]]]:
+    """Mangled name -> [(address, opcode, operands)] for every function in cuobjdump -sass output."""
+    out: Dict[str, List[Tuple[int, str, str]]] = {}
+    cur = None
+    for line in sass.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            cur = out.setdefault(m.group(1), [])
+            continue
+        m = INSTR.search(line)
+        if m and cur is not None:
+            cur.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    return out
+
+
+def loops(code: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
+    """(first, last) instruction indices of every loop: a branch back to an earlier address."""
+    index = {addr: i for i, (addr, _, _) in enumerate(code)}
+    found = []
+    for i, (addr, op, rest) in enumerate(code):
+        if op.split(".")[0] in ("BRA", "JMP"):
+            m = BRANCH_TARGET.search(rest)
+            if m and int(m.group(1), 16) <= addr and int(m.group(1), 16) in index:
+                found.append((index[int(m.group(1), 16)], i))
+    return found
+
+
+def hot_loop(code) -> Optional[dict]:
+    cands = loops(code)
+    if not cands:
+        return None
+    hmma = lambda a, b: sum(1 for _, op, _ in code[a:b + 1] if op.startswith("HMMA"))  # noqa: E731
+    first, last = max(cands, key=lambda ab: (hmma(*ab), ab[1] - ab[0]))
+    body = [op for _, op, _ in code[first:last + 1] if op != "NOP"]
+    kinds = Counter(op.split(".")[0] for op in body)
+    inner = sum(1 for a, b in cands if first <= a and b < last and (a, b) != (first, last))
+    return dict(instructions=len(body), hmma=kinds["HMMA"], shared_loads=kinds["LDS"] + kinds["LDSM"],
+                barriers=kinds["BAR"], inner_loops=inner)
+
+
+def resources(tool: str, lib: str, arch: str) -> Dict[str, Tuple[int, int]]:
+    """Mangled name -> (registers, local memory bytes per thread) from cuobjdump -res-usage."""
+    text = subprocess.run([tool, "-res-usage", "-arch", arch, lib], capture_output=True, text=True, check=True).stdout
+    res, cur = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Function (\S+):", line)
+        if m:
+            cur = m.group(1)
+            continue
+        m = re.search(r"REG:(\d+).*LOCAL:(\d+)", line)
+        if m and cur:
+            res[cur] = (int(m.group(1)), int(m.group(2)))
+    return res
+
+
+def budget(lib: str, arch: str) -> List[dict]:
+    tool = cuobjdump()
+    sass = subprocess.run([tool, "-sass", "-arch", arch, lib], capture_output=True, text=True, check=True).stdout
+    res = resources(tool, lib, arch)
+    records = []
+    for name, code in functions(sass).items():
+        geo = geometry(name)
+        loop = hot_loop(code) if geo else None
+        if geo is None or loop is None:
+            continue
+        regs, local = res.get(name, (-1, -1))
+        per_iter = loop["hmma"] * geo["warps"]
+        records.append(dict(
+            kernel=name, op=geo["op"], dtype=geo["dtype"], dims=geo["dims"], precision=geo["precision"], arch=arch,
+            warps=geo["warps"], token_heads=geo["token_heads"], hmma_per_iteration=per_iter,
+            loop_instructions=loop["instructions"], loop_hmma=loop["hmma"],
+            other_per_hmma=round((loop["instructions"] - loop["hmma"]) / max(loop["hmma"], 1), 2),
+            shared_loads=loop["shared_loads"], barriers=loop["barriers"], inner_loops=loop["inner_loops"],
+            registers=regs, spill_bytes=local,
+            warp_instructions_per_token_head=round(loop["instructions"] * geo["warps"] / geo["token_heads"], 3),
+            hmma_per_token_head=round(per_iter / geo["token_heads"], 4),
+            hmma_min_per_token_head=round(geo["macs"] / 2048, 4)))
+    records.sort(key=lambda r: (r["op"], r["precision"], r["dtype"], r["dims"], r["token_heads"]))
+    return records
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", default=None, help="the built extension (default dcp_ops/_C*.so)")
+    ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--json", default=None, help="write one record per instantiation here")
+    args = ap.parse_args(argv)
+    records = budget(args.lib or default_lib(), args.arch)
+    if not records:
+        print(f"sass_budget: no tensor-core split pass for {args.arch} in the library (built without CUDA?)")
+        return 1
+    print(f"tensor-core split passes, {args.arch}: hot loop per CTA iteration (all warps)")
+    head = (f"{'op':4} {'prec':6} {'dtype':5} {'dims':7} {'warps':>5} {'tok x hd':>8} {'instr':>6} {'HMMA':>5} "
+            f"{'oth/HMMA':>8} {'LDS':>4} {'BAR':>4} {'inner':>5} {'regs':>4} {'spill':>5} "
+            f"{'instr/th':>8} {'HMMA/th':>8} {'min':>6}")
+    print(head)
+    for r in records:
+        print(f"{r['op']:4} {r['precision']:6} {r['dtype']:5} {r['dims']:7} {r['warps']:>5} {r['token_heads']:>8} "
+              f"{r['loop_instructions']:>6} {r['loop_hmma']:>5} {r['other_per_hmma']:>8} {r['shared_loads']:>4} "
+              f"{r['barriers']:>4} {r['inner_loops']:>5} {r['registers']:>4} {r['spill_bytes']:>5} "
+              f"{r['warp_instructions_per_token_head']:>8} {r['hmma_per_token_head']:>8} "
+              f"{r['hmma_min_per_token_head']:>6}")
+    print("instr, HMMA, LDS, BAR: one warp's hot-loop body; instr/th and HMMA/th: all warps' per (KV token x query "
+          "head); min: (D_k + D_v) / 2048")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+// Paged MLA decode attention on tensor cores with the field's numerics (precision "native"; bf16 / fp16 caches,
+// latent 256 or 512, rope 0 or 64, sm_80 and later): the absorbed query enters the products as one 16-bit term and
+// P is rounded once to the cache's type before P.V; scores, softmax statistics, row sums and the accumulators are
+// fp32. The split pass of mla_decode_partial, built like the fastest decode kernels:
+//   - a block takes kMlaRows = 64 query rows (row r is query head h0 + r of one query token; qrow() and orow() are the
+//     only places that say so), so 128 heads read each KV tile twice;
+//   - BN-token KV tiles (BN = 64, one page of 64; 32 where shared memory is smaller) are copied by cp.async into two
+//     shared stages: tile k + 1 is in flight while tile k is computed; V is the latent part of the same rows;
+//   - scores: warp w takes the 16 rows of row group w % 4 and half the tile's tokens (w / 4), over the full
+//     DL + DR dims (no split of K, no reduction through shared memory); A (the query) and B (the key rows) come by
+//     ldmatrix from shared memory;
+//   - the two warps of a row group exchange their row maxima through shared memory and so share m; P (rounded to T)
+//     and the rescale factors go to shared memory;
+//   - P.V: warp w owns output columns DL / 8 * w, ... for all 64 rows; A (P) by ldmatrix, B (V) by ldmatrix.trans.
+// Shared tiles are swizzled by 16-byte chunks: chunk c of row r sits at c ^ (r & 7) (c ^ (r & 3) in a 4-chunk P
+// row), so the 8 rows an ldmatrix reads, and the 8 rows a warp's P stores touch, are on distinct banks. Tokens past
+// the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0. Writes the
+// normalised fp32 partial and natural LSE of each split, as mla_split_kernel does.
+#pragma once
+
+#include <cstdlib>
+
+#include "kernels/cp_async.cuh"
+#include "kernels/mla_decode.cuh"
+#include "kernels/mma.cuh"
+
+namespace dcp_ops::kernels {
+
+constexpr int kMlaRows = 64, kMlaTiledWarps = 8;
+
+template <int DK, int BN, typename T>
+constexpr int mla_tiled_smem_bytes() {  // Q, two KV stages, P; then row maxima / sums [2][64], rescales, valid flags
+  return (kMlaRows * DK + 2 * BN * DK + kMlaRows * BN) * static_cast<int>(sizeof(T)) +
+         (2 * kMlaRows + 2 * kMlaRows + kMlaRows + 2 * BN) * 4;
+}
+
+// Element offset of 16-byte chunk c of row r in a swizzled tile of CH chunks a row.
+template <int CH>
+__device__ __forceinline__ int swizzled(int r, int c) {
+  return r * CH * 8 + 8 * (c ^ (r & (CH >= 8 ? 7 : CH - 1)));
+}
+
+template <typename T, int DL, int DR, int BN>
+__global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaParams p) {
+  constexpr int DK = DL + DR, CH = DK / 8, PCH = BN / 8;  // chunks of a KV (and Q) row, of a P row
+  constexpr int NT = BN / 16;                             // score n-tiles of 8 tokens per warp (half the tile)
+  constexpr int NV = DL / 64;                             // P.V n-tiles of 8 columns per warp (DL / 8 columns)
+  constexpr int TPR = 32 * kMlaTiledWarps / BN;           // copying threads per KV row
+  static_assert(DL % 256 == 0 && DR % 64 == 0 && (BN == 32 || BN == 64), "latent 256 / 512, rope 0 / 64");
+  static_assert(CH % 8 == 0 && CH % TPR == 0 && NT % 2 == 0 && NV % 2 == 0, "tile shapes");
+  const int h0 = blockIdx.x * kMlaRows, split = blockIdx.y, seq = blockIdx.z, nrows = min(kMlaRows, p.H - h0);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
+  // a block's row r: its query row and its partial's row
+  auto qrow = [&](int r) { return static_cast<int64_t>(seq) * p.H + h0 + r; };
+  auto orow = [&](int r) { return (static_cast<int64_t>(split) * p.T + seq) * p.H + h0 + r; };
+
+  DCP_DYNAMIC_SMEM(float, smem);
+  T* sQ = reinterpret_cast<T*>(smem);   // [64][DK]
+  T* sKV = sQ + kMlaRows * DK;          // [2][BN][DK]
+  T* sP = sKV + 2 * BN * DK;            // [64][BN]
+  float* sMax = reinterpret_cast<float*>(sP + kMlaRows * BN);  // [2][64]: the token halves' row maxima; at the end m
+  float* sSum = sMax + 2 * kMlaRows;    // [2][64]: the halves' row sums, at the end
+  float* sAlpha = sSum + 2 * kMlaRows;  // [64]: this tile's rescale of each row
+  int* sValid = reinterpret_cast<int*>(sAlpha + kMlaRows);  // [2][BN]: whether a stage's token was read
+
+  int len = p.seq_lens[seq];
+  len = max(0, min(len, p.max_blocks * p.block_size));
+  const int j0 = split * p.tokens_per_split, j1 = min(len, j0 + p.tokens_per_split);
+  const int tiles = j1 > j0 ? (j1 - j0 + BN - 1) / BN : 0;
+  const T* kv = static_cast<const T*>(p.kv);
+  const T* q16 = static_cast<const T*>(p.q16);
+  auto row_of = [&](int j) -> int64_t {  // token j's element offset in kv, or -1 when it is not read
+    if (j >= j1) return -1;
+    const int64_t block = p.block_table[seq * p.bt_st + j / p.block_size];
+    return block >= 0 && block < p.num_blocks ? block * p.kv_sb + static_cast<int64_t>(j % p.block_size) * p.kv_st
+                                              : -1;
+  };
+  // Thread tid copies chunks csub, csub + TPR, ... of tile row crow.
+  const int crow = tid / TPR, csub = tid % TPR;
+  auto issue = [&](int stage, int64_t off) {
+    T* dst = sKV + stage * BN * DK;
+#pragma unroll
+    for (int i = 0; i < CH / TPR; ++i) {
+      const int c = csub + TPR * i;
+      cp_async16(dst + swizzled<CH>(crow, c), kv + (off >= 0 ? off + 8 * c : 0), off >= 0);
+    }
+    if (csub == 0) sValid[stage * BN + crow] = off >= 0;
+  };
+
+  for (int i = tid; i < kMlaRows * CH; i += 32 * kMlaTiledWarps) {  // the query rows; rows past nrows are zeros
+    const int r = i / CH, c = i % CH;
+    cp_async16(sQ + swizzled<CH>(r, c), q16 + (r < nrows ? qrow(r) * DK + 8 * c : 0), r < nrows);
+  }
+  if (tiles > 0) issue(0, row_of(j0 + crow));
+  cp_async_commit();
+  int64_t next = row_of(j0 + BN + crow);  // the offset of this thread's row of the tile after the current one
+
+  // ldmatrix row addresses: lane gives row lane % 8 of matrix lane / 8; every row's swizzle is then lane % 8
+  const int mi = lane / 8, sw = lane % 8;
+  const int sg = warp % 4, half = warp / 4;  // score phase: row group, token half
+  // chunk c of this lane's row is at byte (c & ~7 | (c & 7) ^ sw) * 16: 4 bases cover c & 7 = 2 (ks % 4) + bit
+  SmemAddr qa[4], ka[4];
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    const int cq = 2 * v + mi / 2, ck = 2 * v + mi % 2;
+    qa[v] = smem_addr(sQ + (16 * sg + 8 * (mi % 2) + sw) * DK + 8 * (cq ^ sw));
+    ka[v] = smem_addr(sKV + (BN / 2 * half + 8 * (mi / 2) + sw) * DK + 8 * (ck ^ sw));
+  }
+  // P.V: P rows of row group rg at pa + rg * 16 * BN elements; V rows at va + the chunk pair's offset
+  const int pch = mi / 2, vch = DL / 64 * warp + mi / 2;
+  const SmemAddr pa0 = smem_addr(sP + (8 * (mi % 2) + sw) * BN);
+  const SmemAddr va0 = smem_addr(sKV + (8 * (mi % 2) + sw) * DK);
+
+  float acc[4][NV][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int rg = 0; rg < 4; ++rg)
+#pragma unroll
+    for (int n = 0; n < NV; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rg][n][i] = 0.f;
+  const bool score_rows = 16 * sg < nrows;  // warp-uniform: row groups past nrows skip their products
+
+  for (int k = 0; k < tiles; ++k) {
+    const int stage = k & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // tile k is in; every warp is done with tile k - 1 (its stage, P, rescales)
+    if (k + 1 < tiles) {
+      const int64_t after = row_of(j0 + (k + 2) * BN + crow);
+      issue(stage ^ 1, next);
+      next = after;
+    }
+    cp_async_commit();
+    const int kvo = stage * BN * DK * static_cast<int>(sizeof(T));  // this stage's byte offset
+
+    // scores of rows 16 sg + g (+ 8), tokens BN / 2 half + 8 n + 2 t (+ 1)
+    float sc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sc[n][i] = 0.f;
+    if (score_rows) {
+#pragma unroll
+      for (int ks = 0; ks < DK / 16; ++ks) {
+        const int cb = ks / 4 * 128;  // bytes of the 8-chunk group of k-step ks
+        uint32_t a[4];
+        ldmatrix_x4<false>(a, qa[ks % 4] + cb);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4<false>(b, ka[ks % 4] + kvo + np * 16 * DK * static_cast<int>(sizeof(T)) + cb);
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma_16816<T>(sc[2 * np], a, b0);
+          mma_16816<T>(sc[2 * np + 1], a, b1);
+        }
+      }
+    }
+    const int* valid = sValid + stage * BN + BN / 2 * half;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        sc[n][i] = valid[8 * n + 2 * t + (i & 1)] ? sc[n][i] * p.scale_log2 : -INFINITY;
+        mx[i / 2] = fmaxf(mx[i / 2], sc[n][i]);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      if (t == 0) sMax[half * kMlaRows + 16 * sg + g + 8 * r] = mx[r];
+    }
+    __syncthreads();  // both halves' maxima are in
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = 16 * sg + g + 8 * r;
+      const float m_new = fmaxf(m[r], fmaxf(sMax[row], sMax[kMlaRows + row]));
+      const float mu = m_new == -INFINITY ? 0.f : m_new;  // no token yet: every P is 0, nothing to rescale
+      const float alpha = exp2f(m[r] - mu);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float p0 = exp2f(sc[n][2 * r] - mu), p1 = exp2f(sc[n][2 * r + 1] - mu);
+        sum += p0 + p1;
+        *reinterpret_cast<uint32_t*>(sP + swizzled<PCH>(row, NT * half + n) + 2 * t) =
+            pack2(from_f32<T>(p0), from_f32<T>(p1));
+      }
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+      if (half == 0 && t == 0) sAlpha[row] = alpha;
+    }
+    __syncthreads();  // P and the rescales are in
+
+    // P.V: acc[rg][n] is rows 16 rg + g (+ 8), columns DL / 8 warp + 8 n + 2 t (+ 1)
+#pragma unroll
+    for (int rg = 0; rg < 4; ++rg) {
+      if (16 * rg >= nrows) continue;
+      const float a0 = sAlpha[16 * rg + g], a1 = sAlpha[16 * rg + g + 8];
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        acc[rg][n][0] *= a0;
+        acc[rg][n][1] *= a0;
+        acc[rg][n][2] *= a1;
+        acc[rg][n][3] *= a1;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      uint32_t a[4][4];
+#pragma unroll
+      for (int rg = 0; rg < 4; ++rg)
+        if (16 * rg < nrows)
+          ldmatrix_x4<false>(a[rg], pa0 + (rg * 16 * BN + 8 * ((2 * ks + pch) ^ (sw & (PCH >= 8 ? 7 : PCH - 1)))) *
+                                              static_cast<int>(sizeof(T)));
+#pragma unroll
+      for (int np = 0; np < NV / 2; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4<true>(b, va0 + kvo + (16 * ks * DK + 8 * ((vch + 2 * np) ^ sw)) * static_cast<int>(sizeof(T)));
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+        for (int rg = 0; rg < 4; ++rg) {
+          if (16 * rg >= nrows) continue;
+          mma_16816<T>(acc[rg][2 * np], a[rg], b0);
+          mma_16816<T>(acc[rg][2 * np + 1], a[rg], b1);
+        }
+      }
+    }
+  }
+
+  // the halves' row sums (same m in both); then each warp writes its columns of every row
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int row = 16 * sg + g + 8 * r;
+    if (t == 0) {
+      sSum[half * kMlaRows + row] = l[r];
+      if (half == 0) sMax[row] = m[r];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int rg = 0; rg < 4; ++rg)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = 16 * rg + g + 8 * r;
+      if (row >= nrows) continue;
+      const float sum = sSum[row] + sSum[kMlaRows + row], inv = sum > 0.f ? 1.f / sum : 0.f;
+      float* o = p.part_o + orow(row) * DL + DL / 8 * warp + 2 * t;
+#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        o[8 * n] = acc[rg][n][2 * r] * inv;
+        o[8 * n + 1] = acc[rg][n][2 * r + 1] * inv;
+      }
+    }
+  if (tid < nrows) {
+    const float sum = sSum[tid] + sSum[kMlaRows + tid];
+    p.part_lse[orow(tid)] = sum > 0.f ? (sMax[tid] + log2f(sum)) * 0.69314718f : -INFINITY;
+  }
+}
+
+// The shared memory a block of the tiled kernel may use on this device (the opt-in limit); under the executor
+// DCP_SIMT_SMEM_OPTIN, default an H100's, so the tests can ask for the smaller tiles and the fallback.
+inline int smem_optin_bytes() {
+#ifdef DCP_SIMT
+  const char* v = std::getenv("DCP_SIMT_SMEM_OPTIN");
+  return v != nullptr ? std::atoi(v) : 232448;
+#else
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return 0;
+  return bytes;
+#endif
+}
+
+// The token tile the tiled kernel takes with this much shared memory, or 0 when it does not fit.
+inline int mla_tiled_tokens(int latent, int rope, int elem_bytes, int smem_optin) {
+  if (elem_bytes != 2 || (latent != 256 && latent != 512) || (rope != 0 && rope != 64)) return 0;
+  const int dk = latent + rope;
+  auto bytes = [&](int bn) { return (kMlaRows * dk + 2 * bn * dk + kMlaRows * bn) * 2 + (5 * kMlaRows + 2 * bn) * 4; };
+  return bytes(64) <= smem_optin ? 64 : bytes(32) <= smem_optin ? 32 : 0;
+}
+
+template <typename T, int DL, int DR, int BN>
+cudaError_t mla_tiled_launch(const MlaParams& p, cudaStream_t stream) {
+  const dim3 grid((p.H + kMlaRows - 1) / kMlaRows, p.splits, p.T);  // a split's row tiles side by side (L2)
+  auto kernel = mla_tiled_kernel<T, DL, DR, BN>;
+  constexpr int smem = mla_tiled_smem_bytes<DL + DR, BN, T>();
+#ifndef DCP_SIMT
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+#endif
+  DCP_LAUNCH(kernel, grid, dim3(32 * kMlaTiledWarps), smem, stream, p);
+  return cudaGetLastError();
+}
+
+template <typename T, int BN>
+cudaError_t mla_tiled_dispatch(const MlaParams& p, int latent, int rope, cudaStream_t stream) {
+  if (latent == 512)
+    return rope == 64 ? mla_tiled_launch<T, 512, 64, BN>(p, stream) : mla_tiled_launch<T, 512, 0, BN>(p, stream);
+  return rope == 64 ? mla_tiled_launch<T, 256, 64, BN>(p, stream) : mla_tiled_launch<T, 256, 0, BN>(p, stream);
+}
+
+// The tiled split pass (precision "native", p.q16 set): BN = bn from mla_tiled_tokens.
+template <typename T>
+cudaError_t mla_tiled_pass(const MlaParams& p, int latent, int rope, int bn, cudaStream_t stream) {
+  if constexpr (sizeof(T) != 2) return cudaErrorInvalidValue;  // 16-bit caches only (mla_tiled_tokens says 0)
+  else
+    return bn == 64 ? mla_tiled_dispatch<T, 64>(p, latent, rope, stream)
+                    : mla_tiled_dispatch<T, 32>(p, latent, rope, stream);
+}
+
+}  // namespace dcp_ops::kernels
