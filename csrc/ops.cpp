@@ -1,19 +1,17 @@
-// Op schemas and backend registrations. Schemas are the stable public surface (tests/test_schema.py pins them).
+// Op registrations: the schemas of csrc/schemas.h and the CPU and CUDA kernels behind them.
 #include <torch/library.h>
 
 #include "ops.h"
+#include "schemas.h"
 
 TORCH_LIBRARY(dcp_ops, m) {
-  m.def("gqa_decode_partial(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
-        "float scale, *, str precision=\"native\") -> (Tensor out, Tensor lse)");
-  m.def("mla_decode_partial(Tensor q_nope, Tensor q_pe, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
-        "float scale, Tensor? w_uk=None, Tensor? w_uv=None, *, str precision=\"native\") "
-        "-> (Tensor out, Tensor lse)");
-  m.def("merge_partials(Tensor outs, Tensor lses, float lse_base=2.718281828459045) -> (Tensor out, Tensor lse)");
-  m.def("correct_partial(Tensor(a!) out, Tensor lses, int rank, float lse_base=2.718281828459045) -> Tensor");
-  m.def("pack_exchange(Tensor out, Tensor lse, Tensor(a!) send) -> ()");
-  m.def("merge_exchange(Tensor recv, Tensor(a!) out, Tensor(b!) lse) -> ()");
-  m.def("write_kv(Tensor(a!) cache, Tensor new, Tensor slot_mapping) -> ()");
+  m.def(dcp_ops::schema::kGqaDecodePartial);
+  m.def(dcp_ops::schema::kMlaDecodePartial);
+  m.def(dcp_ops::schema::kMergePartials);
+  m.def(dcp_ops::schema::kCorrectPartial);
+  m.def(dcp_ops::schema::kPackExchange);
+  m.def(dcp_ops::schema::kMergeExchange);
+  m.def(dcp_ops::schema::kWriteKv);
 }
 
 TORCH_LIBRARY_IMPL(dcp_ops, CPU, m) {

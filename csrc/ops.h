@@ -21,6 +21,9 @@ struct DecodeDims {
 // kernels without tensor cores, compute in fp32 under both.
 enum class Precision { kNative, kFp32 };
 Precision parse_precision(c10::string_view precision, const char* op);  // refuses any other value, naming it
+// The merges' nonfinite_lse (DESIGN.md §2): "empty" (false; NaN and +inf LSE are empty partials) or "propagate"
+// (true; they poison the row); any other value is refused by name.
+bool parse_nonfinite_lse(c10::string_view nonfinite_lse, const char* op);
 
 // Validation (csrc/validate.cpp): dtypes, ranks, shapes, devices and strides; no tensor values are read.
 DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
@@ -43,10 +46,12 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                   const std::optional<Tensor>& w_uk,
                                                   const std::optional<Tensor>& w_uv, c10::string_view precision);
-std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& lses, double lse_base);
-Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
+std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& lses, double lse_base,
+                                              c10::string_view nonfinite_lse);
+Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double lse_base,
+                           c10::string_view nonfinite_lse);
 void pack_exchange_cpu(const Tensor& out, const Tensor& lse, Tensor& send);
-void merge_exchange_cpu(const Tensor& recv, Tensor& out, Tensor& lse);
+void merge_exchange_cpu(const Tensor& recv, Tensor& out, Tensor& lse, c10::string_view nonfinite_lse);
 void write_kv_cpu(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping);
 
 // CUDA launchers (csrc/cuda/*.cu; also built for the SIMT executor in tests/simt).
@@ -57,10 +62,12 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                                                    const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                    const std::optional<Tensor>& w_uk,
                                                    const std::optional<Tensor>& w_uv, c10::string_view precision);
-std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor& lses, double lse_base);
-Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
+std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor& lses, double lse_base,
+                                               c10::string_view nonfinite_lse);
+Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, double lse_base,
+                            c10::string_view nonfinite_lse);
 void pack_exchange_cuda(const Tensor& out, const Tensor& lse, Tensor& send);
-void merge_exchange_cuda(const Tensor& recv, Tensor& out, Tensor& lse);
+void merge_exchange_cuda(const Tensor& recv, Tensor& out, Tensor& lse, c10::string_view nonfinite_lse);
 void write_kv_cuda(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping);
 
 }  // namespace dcp_ops

@@ -1,4 +1,6 @@
 // Shape, dtype, device and stride validation shared by the CPU and CUDA implementations of every op.
+#include <ATen/MemoryOverlap.h>
+
 #include <cmath>
 
 #include "checks.h"
@@ -10,6 +12,21 @@ Precision parse_precision(c10::string_view precision, const char* op) {
   if (precision == "native") return Precision::kNative;
   if (precision == "fp32") return Precision::kFp32;
   TORCH_CHECK_VALUE(false, op, ": precision must be \"native\" or \"fp32\", got \"", std::string(precision), "\"");
+}
+
+bool parse_nonfinite_lse(c10::string_view nonfinite_lse, const char* op) {
+  if (nonfinite_lse == "empty") return false;
+  if (nonfinite_lse == "propagate") return true;
+  TORCH_CHECK_VALUE(false, op, ": nonfinite_lse must be \"empty\" or \"propagate\", got \"", std::string(nonfinite_lse),
+                    "\"");
+}
+
+// An output or cache written in place must not overlap itself (an expanded, stride-0 view would be written once per
+// alias); DESIGN.md §2.
+static void check_no_internal_overlap(const Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
+                    " is written in place and must not overlap itself (an expanded or stride-0 view), got strides ",
+                    t.strides());
 }
 
 static void check_scale(double scale, const char* op) {
@@ -40,7 +57,7 @@ DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   DCP_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, op, "q heads (", d.Hq, ") must be a multiple of the cache's KV heads (",
             d.Hkv, ")");
   DCP_CHECK(d.block_size > 0, op, "k_cache block_size (dim 1) must be positive, got ", d.block_size);
-  DCP_CHECK(d.Dk > 0, op, "head dim must be positive, got ", d.Dk);
+  TORCH_CHECK_VALUE(d.Dk > 0, op, ": q head dim (q.shape[2]) must be positive, got ", d.Dk);
   check_last_contiguous(q, op, "q");
   check_last_contiguous(k_cache, op, "k_cache");
   check_last_contiguous(v_cache, op, "v_cache");
@@ -71,7 +88,8 @@ DecodeDims validate_mla(const Tensor& q_nope, const Tensor& q_pe, const Tensor& 
   const int64_t rope = q_pe.size(2);
   d.Dk = kv_cache.size(2);
   const int64_t latent = d.Dk - rope;
-  DCP_CHECK(latent > 0, op, "kv_cache last dim (", d.Dk, ") must exceed q_pe's rope dim (", rope, ")");
+  TORCH_CHECK_VALUE(latent > 0, op, ": kv_cache last dim (", d.Dk, ") must exceed q_pe's rope dim (", rope,
+                    "): D_latent must be positive");
   d.Dv = latent;
   if (w_uk.has_value()) {
     check_dim(*w_uk, 3, op, "w_uk", "[H, D_nope, D_latent]");
@@ -126,6 +144,7 @@ void validate_correct(const Tensor& out, const Tensor& lses, int64_t rank, doubl
   check_size(lses, 2, out.size(1), op, "lses", "heads, equal to out's");
   check_last_contiguous(out, op, "out");
   DCP_CHECK(rank >= 0 && rank < lses.size(0), op, "rank must be in [0, N = ", lses.size(0), "), got ", rank);
+  check_no_internal_overlap(out, op, "out");
   DCP_CHECK(std::isfinite(lse_base) && lse_base > 1.0, op, "lse_base must be e or 2 (a finite base > 1), got ",
             lse_base);
 }
@@ -173,6 +192,8 @@ void validate_merge_exchange(const Tensor& recv, const Tensor& out, const Tensor
   check_size(lse, 0, recv.size(1), op, "lse", "tokens");
   check_size(lse, 1, recv.size(2), op, "lse", "heads per rank");
   check_last_contiguous(out, op, "out");
+  check_no_internal_overlap(out, op, "out");
+  check_no_internal_overlap(lse, op, "lse");
 }
 
 void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping) {
@@ -194,6 +215,7 @@ void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& 
   check_contiguous(slot_mapping, op, "slot_mapping");
   check_dense_tail(cache, 2, op, "cache");
   check_dense_tail(new_kv, 1, op, "new");
+  check_no_internal_overlap(cache, op, "cache");
 }
 
 }  // namespace dcp_ops

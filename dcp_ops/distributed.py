@@ -62,6 +62,11 @@ class Workspace:
         return buf
 
 
+def _check_workspace(op: str, workspace) -> None:
+    if workspace is not None and not isinstance(workspace, Workspace):
+        raise TypeError(f"{op}: workspace must be a dcp_ops.Workspace or None, got {type(workspace).__name__}")
+
+
 def _all_gather(out: Tensor, inp: Tensor, group) -> None:
     """out [N, *inp.shape] <- every rank's inp, rank-major (c10d wants the gathered dim flattened)."""
     _gather_into(out.view(-1, *inp.shape[1:]), inp.contiguous(), group=group)
@@ -113,8 +118,10 @@ def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[d
     if mode not in MODES:
         raise ValueError(f"dcp_attention: mode must be one of {MODES}, got {mode!r}")
     ops.check_precision("dcp_attention", precision)
-    if q.dim() != 3:
-        raise ValueError(f"dcp_attention: q must be 3-D [T, H, D], got shape {tuple(q.shape)}")
+    _check_workspace("dcp_attention", workspace)
+    if not isinstance(q, Tensor) or q.dim() != 3:
+        raise ValueError(f"dcp_attention: q must be a 3-D tensor [T, H, D], got "
+                         f"{tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__}")
     n = dist.get_world_size(group)
     ws = workspace if workspace is not None else Workspace()
     if q_replicated:
@@ -124,7 +131,8 @@ def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[d
     else:
         q_all = gather_heads(q, group, ws)
     out, lse = _partial(q_all, shard, precision)  # [T, H, D_out], [T, H]
-    res, res_lse = merge_across(out, lse, group, mode=mode, workspace=ws)
+    # our partials mark empty shards with -inf, so a NaN LSE is a NaN in this step's inputs: it reaches the caller
+    res, res_lse = merge_across(out, lse, group, mode=mode, workspace=ws, nonfinite_lse="propagate")
     return (res, res_lse) if return_lse else res
 
 
@@ -142,15 +150,18 @@ def gather_heads(q: Tensor, group: Optional[dist.ProcessGroup] = None,
 
 
 def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = None, *, mode: str = "a2a",
-                 workspace: Optional[Workspace] = None) -> Tuple[Tensor, Tensor]:
+                 workspace: Optional[Workspace] = None, nonfinite_lse: str = "empty") -> Tuple[Tensor, Tensor]:
     """Exact merge of every rank's partial (out [T, H, D], lse [T, H] natural) by `mode`.
 
     Returns this rank's heads (out [T, H/N, D], lse [T, H/N]), or all heads for mode="ag". Every mode sums in fp32.
     Mode "ag_rs" rescales `out` in place first (as vLLM's cp_lse_ag_out_rs does) and reduce-scatters fp32 terms;
-    "a2a" and "ag" leave `out` as it was.
+    "a2a" and "ag" leave `out` as it was. nonfinite_lse: "empty" (NaN and +inf LSE from other kernels are empty
+    partials) or "propagate" (they poison the row; dcp_ops.ops).
     """
     if mode not in MODES:
         raise ValueError(f"merge_across: mode must be one of {MODES}, got {mode!r}")
+    ops.check_nonfinite_lse("merge_across", nonfinite_lse)
+    _check_workspace("merge_across", workspace)
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     ws = workspace if workspace is not None else Workspace()
     T, H, D = out.shape
@@ -163,7 +174,7 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
         recv = ws.get("a2a_recv", send.shape, send.dtype, send.device)
         dist.all_to_all_single(recv, send, group=group)
         return ops.merge_exchange(recv, ws.get("out", (T, h_loc, D), out.dtype, out.device),
-                                  ws.get("lse", (T, h_loc), torch.float32, out.device))
+                                  ws.get("lse", (T, h_loc), torch.float32, out.device), nonfinite_lse)
     if mode == "ag_rs":
         lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
         _all_gather(lses, lse, group)
@@ -172,7 +183,7 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
         # same-precision merge at 4-8 ranks. `out` is still rescaled in place, rounded to its dtype.
         fp32 = out.dtype == torch.float32
         part = out if fp32 else ws.get("rs_part", (T, H, D), torch.float32, out.device).copy_(out)
-        total = ops.correct_partial(part, lses, rank)
+        total = ops.correct_partial(part, lses, rank, nonfinite_lse=nonfinite_lse)
         send = ws.get("rs_send", (n, T, h_loc, D), torch.float32, out.device)
         send.copy_(part.view(T, n, h_loc, D).transpose(0, 1))
         res = ws.get("out", (T, h_loc, D), out.dtype, out.device)
@@ -186,4 +197,4 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
     lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
     _all_gather(outs, out, group)
     _all_gather(lses, lse, group)
-    return ops.merge_partials(outs, lses)
+    return ops.merge_partials(outs, lses, nonfinite_lse=nonfinite_lse)

@@ -7,6 +7,7 @@ Interleave size I, group size N, rank r, global position p:
   slot(p) on the owner  = block_table[req, p // (block_size*N)] * block_size + j % block_size   (-1 elsewhere)
 Local token j of a request lives at block block_table[req, j // block_size], offset j % block_size, on every rank.
 """
+import numbers
 from typing import List, Sequence
 
 import torch
@@ -20,7 +21,14 @@ def _check_int(t: Tensor, fn: str, name: str) -> None:
         raise TypeError(f"{fn}: {name} must be an int32 or int64 tensor, got {got}")
 
 
+def _check_ints(fn: str, **values) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{fn}: {name} must be an int, got {type(v).__name__} {v!r}")
+
+
 def _check_group(fn: str, world_size: int, interleave: int, rank: int = 0) -> None:
+    _check_ints(fn, world_size=world_size, interleave=interleave, rank=rank)
     if world_size < 1:
         raise ValueError(f"{fn}: world_size must be >= 1, got {world_size}")
     if interleave < 1:
@@ -83,6 +91,7 @@ def slot_mapping(block_table: Tensor, seq_ids: Tensor, positions: Tensor, block_
     _check_int(seq_ids, fn, "seq_ids")
     _check_int(positions, fn, "positions")
     _check_group(fn, world_size, interleave, rank)
+    _check_ints(fn, block_size=block_size)
     if block_table.dim() != 2:
         raise ValueError(f"{fn}: block_table must be 2-D [B, max_blocks], got shape {tuple(block_table.shape)}")
     if seq_ids.shape != positions.shape or seq_ids.dim() != 1:

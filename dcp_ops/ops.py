@@ -1,7 +1,13 @@
 """Typed wrappers of the native ops (torch.ops.dcp_ops.*), with shapes in the docstrings, and their fake kernels.
 
-Conventions (DESIGN.md §2): LSE is fp32 natural log [T, H]; an empty shard gives lse = -inf and out = 0; NaN and +inf
-LSE from other kernels count as -inf; merges accumulate in fp32; block tables, seq lens and slots are int32.
+Conventions (DESIGN.md §2): LSE is fp32 natural log [T, H]; an empty shard gives lse = -inf and out = 0; merges
+accumulate in fp32; block tables, seq lens and slots are int32.
+
+Non-finite values: in the decode ops a NaN score (a NaN in an attended query, key or w_uk element) makes its row's out
+and lse NaN, as the float64 reference does; a +inf score makes out NaN and lse +inf; a -inf score is a token of weight
+0, and a row with only -inf scores, or no tokens, is empty. The merges take nonfinite_lse: "empty" (default, vLLM's
+convention for LSE from other kernels) reads NaN and +inf LSE as empty partials; "propagate" (what dcp_attention
+uses on our own partials) lets a NaN LSE make the merged row NaN, and a +inf one its LSE +inf and output NaN.
 
 precision (the decode ops, DESIGN.md §2): "native" (default) computes what FlashMLA, FlashInfer and vLLM compute on
 16-bit caches: 16-bit operands into the tensor cores (the absorbed MLA query and the probabilities P rounded to the
@@ -10,6 +16,7 @@ were fp32 (split 16-bit terms on the tensor cores). fp32 caches compute in fp32 
 exact under both.
 """
 import math
+import numbers
 from typing import Optional, Tuple
 
 import torch
@@ -17,12 +24,42 @@ import torch
 _ops = torch.ops.dcp_ops
 Tensor = torch.Tensor
 PRECISIONS = ("native", "fp32")
+NONFINITE_LSE = ("empty", "propagate")
 
 
 def check_precision(op: str, precision: str) -> str:
     if not isinstance(precision, str) or precision not in PRECISIONS:
         raise ValueError(f"{op}: precision must be one of {PRECISIONS}, got {precision!r}")
     return precision
+
+
+def _real(op: str, name: str, x) -> float:
+    """x as a float, refused by name unless it is a real number (a bool or a tensor is not)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{op}: {name} must be a real number, got {type(x).__name__} {x!r}")
+    return float(x)
+
+
+def _int(op: str, name: str, x) -> int:
+    """x as an int, refused by name unless it is an integer (a float, even 2.0, would be truncated elsewhere)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{op}: {name} must be an int, got {type(x).__name__} {x!r}")
+    return int(x)
+
+
+def _tensor(op: str, name: str, x, dims: int, shape: str) -> Tensor:
+    """x, refused by name unless it is a tensor of `dims` dimensions (`shape` says which)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: {name} must be a tensor {shape}, got {type(x).__name__}")
+    if x.dim() != dims:
+        raise ValueError(f"{op}: {name} must be {dims}-D {shape}, got shape {list(x.shape)}")
+    return x
+
+
+def check_nonfinite_lse(op: str, nonfinite_lse: str) -> str:
+    if not isinstance(nonfinite_lse, str) or nonfinite_lse not in NONFINITE_LSE:
+        raise ValueError(f"{op}: nonfinite_lse must be one of {NONFINITE_LSE}, got {nonfinite_lse!r}")
+    return nonfinite_lse
 
 
 def gqa_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
@@ -34,7 +71,8 @@ def gqa_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table:
     Query head h reads KV head h // (H_q / H_kv). Returns out [T, H_q, D] (q's dtype, normalised) and lse [T, H_q]
     fp32 natural log (-inf where seq_lens is 0). precision: "native" or "fp32" (the module docstring).
     """
-    return _ops.gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, float(scale),
+    return _ops.gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens,
+                                   _real("gqa_decode_partial", "scale", scale),
                                    precision=check_precision("gqa_decode_partial", precision))
 
 
@@ -50,25 +88,33 @@ def mla_decode_partial(q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor, block_tab
     in q's dtype, and lse [T, H] fp32 natural log. precision: "native" or "fp32" (the module docstring); in "native"
     the absorbed query is rounded to the cache's type after w_uk.
     """
-    return _ops.mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens, float(scale), w_uk, w_uv,
+    return _ops.mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens,
+                                   _real("mla_decode_partial", "scale", scale), w_uk, w_uv,
                                    precision=check_precision("mla_decode_partial", precision))
 
 
-def merge_partials(outs: Tensor, lses: Tensor, lse_base: float = math.e) -> Tuple[Tensor, Tensor]:
+def merge_partials(outs: Tensor, lses: Tensor, lse_base: float = math.e,
+                   nonfinite_lse: str = "empty") -> Tuple[Tensor, Tensor]:
     """Exact merge of N normalised partial outputs.
 
     outs [N, T, H, D] (fp32/bf16/fp16, any strides with a contiguous last dim); lses [N, T, H] fp32 in base
     `lse_base` (e or 2). Returns out [T, H, D] in outs' dtype and lse [T, H] fp32 natural log, accumulated in fp32.
+    nonfinite_lse: "empty" or "propagate" (the module docstring).
     """
-    return _ops.merge_partials(outs, lses, float(lse_base))
+    return _ops.merge_partials(outs, lses, _real("merge_partials", "lse_base", lse_base),
+                               check_nonfinite_lse("merge_partials", nonfinite_lse))
 
 
-def correct_partial(out: Tensor, lses: Tensor, rank: int, lse_base: float = math.e) -> Tensor:
+def correct_partial(out: Tensor, lses: Tensor, rank: int, lse_base: float = math.e,
+                    nonfinite_lse: str = "empty") -> Tensor:
     """vLLM's correct_attn_out: rescales `out` [T, H, D] in place by exp(lse_rank - L), returns L [T, H] fp32 (natural).
 
-    lses [N, T, H] fp32 holds every rank's LSE in base `lse_base`; rank selects this rank's row.
+    lses [N, T, H] fp32 holds every rank's LSE in base `lse_base`; rank selects this rank's row. nonfinite_lse:
+    "empty" or "propagate" (the module docstring).
     """
-    return _ops.correct_partial(out, lses, int(rank), float(lse_base))
+    return _ops.correct_partial(out, lses, _int("correct_partial", "rank", rank),
+                                _real("correct_partial", "lse_base", lse_base),
+                                check_nonfinite_lse("correct_partial", nonfinite_lse))
 
 
 def exchange_pad(dtype: torch.dtype) -> int:
@@ -82,27 +128,35 @@ def pack_exchange(out: Tensor, lse: Tensor, world_size: int, send: Optional[Tens
     out [T, H, D], lse [T, H] fp32 (natural). Returns send [N, T, H/N, D + pad] in out's dtype: send[r, t, i, :D] =
     out[t, r*H/N + i], and the fp32 LSE bit-stored in the pad. `send` may be a preallocated buffer of that shape.
     """
-    T, H, D = out.shape
+    T, H, D = _tensor("pack_exchange", "out", out, 3, "[T, H, D]").shape
+    world_size = _int("pack_exchange", "world_size", world_size)
+    if world_size <= 0 or H % world_size:
+        raise ValueError(f"pack_exchange: out heads ({H}) must divide into world_size = {world_size} ranks")
     if send is None:
-        if world_size <= 0 or H % world_size:
-            raise ValueError(f"pack_exchange: out heads ({H}) must divide into world_size = {world_size} ranks")
         send = out.new_empty((world_size, T, H // world_size, D + exchange_pad(out.dtype)))
+    elif _tensor("pack_exchange", "send", send, 4, "[N, T, H/N, D + pad]").shape[0] != world_size:
+        raise ValueError(f"pack_exchange: send.shape[0] must be world_size = {world_size}, got {send.shape[0]}")
     _ops.pack_exchange(out, lse, send)
     return send
 
 
-def merge_exchange(recv: Tensor, out: Optional[Tensor] = None,
-                   lse: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+def merge_exchange(recv: Tensor, out: Optional[Tensor] = None, lse: Optional[Tensor] = None,
+                   nonfinite_lse: str = "empty") -> Tuple[Tensor, Tensor]:
     """Merges the a2a buffer received from every rank: recv [N, T, H_loc, D + pad] -> out [T, H_loc, D], lse [T, H_loc].
 
-    fp32 accumulation; out in recv's dtype, lse fp32 natural. `out` and `lse` may be preallocated.
+    fp32 accumulation; out in recv's dtype, lse fp32 natural. `out` and `lse` may be preallocated. nonfinite_lse:
+    "empty" or "propagate" (the module docstring).
     """
-    N, T, Hl, row = recv.shape
+    check_nonfinite_lse("merge_exchange", nonfinite_lse)
+    N, T, Hl, row = _tensor("merge_exchange", "recv", recv, 4, "[N, T, H_loc, D + pad]").shape
     if out is None:
+        if not recv.is_floating_point() or row <= exchange_pad(recv.dtype):
+            raise ValueError(f"merge_exchange: recv must be a float tensor whose rows hold D > 0 elements and the "
+                             f"pad, got dtype {recv.dtype} and rows of {row} elements")
         out = recv.new_empty((T, Hl, row - exchange_pad(recv.dtype)))
     if lse is None:
         lse = torch.empty((T, Hl), dtype=torch.float32, device=recv.device)
-    _ops.merge_exchange(recv, out, lse)
+    _ops.merge_exchange(recv, out, lse, nonfinite_lse)
     return out, lse
 
 
@@ -142,14 +196,14 @@ def _mla_fake(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk=None, w
 
 
 @torch.library.register_fake("dcp_ops::merge_partials")
-def _merge_fake(outs, lses, lse_base=math.e):
+def _merge_fake(outs, lses, lse_base=math.e, nonfinite_lse="empty"):
     _same_device("merge_partials", "outs", outs, lses=lses)
     _, T, H, D = outs.shape
     return outs.new_empty((T, H, D)), lses.new_empty((T, H))
 
 
 @torch.library.register_fake("dcp_ops::correct_partial")
-def _correct_fake(out, lses, rank, lse_base=math.e):
+def _correct_fake(out, lses, rank, lse_base=math.e, nonfinite_lse="empty"):
     _same_device("correct_partial", "out", out, lses=lses)
     return lses.new_empty(lses.shape[1:])
 
@@ -161,7 +215,7 @@ def _pack_fake(out, lse, send):
 
 
 @torch.library.register_fake("dcp_ops::merge_exchange")
-def _merge_exchange_fake(recv, out, lse):
+def _merge_exchange_fake(recv, out, lse, nonfinite_lse="empty"):
     _same_device("merge_exchange", "recv", recv, out=out, lse=lse)
     return None
 

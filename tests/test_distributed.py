@@ -149,3 +149,39 @@ def test_exchange_bytes_shrinks_with_w_uv():
     assert up < latent / 3.5
     with pytest.raises(ValueError, match="mode must be one of"):
         dcp_ops.exchange_bytes("ring", 8, 128, 128, 4, torch.bfloat16)
+
+
+def _nan_worker(rank, world, init_file):
+    """A NaN in one rank's attended key reaches every rank's output for that sequence, in every mode (the merge
+    propagates our partials' NaN LSE); the other sequences stay finite and exact."""
+    init_gloo(rank, world, init_file)
+    for kind in ("gqa", "mla"):
+        c = _case(world, kind, False, 1, torch.Generator().manual_seed(3))
+        seq_lens = torch.tensor(c["lens"], dtype=torch.int32)
+        caches = [x.clone() for x in c["caches"]]
+        block, off = int(c["table"][2, 0]), 5  # sequence 2, global position 5: owned by rank 5 % world
+        caches[0][block, off][..., 1] = float("nan")  # every KV head: every query head
+        c["caches"] = tuple(caches)
+        local = dcp_ops.local_seq_lens(seq_lens, world, rank)
+        shards = [dcp_ops.shard_kv(x, c["table"], seq_lens, world, fill=float("nan"))[rank] for x in caches]
+        shard = (dcp_ops.GQAShard(shards[0], shards[1], c["table"], local, c["scale"]) if kind == "gqa" else
+                 dcp_ops.MLAShard(shards[0], c["table"], local, c["scale"], c["rope"]))
+        want, want_lse = _expected(c)
+        h_loc = c["q"].shape[1] // world
+        mine = slice(rank * h_loc, (rank + 1) * h_loc)
+        for mode in ("a2a", "ag_rs", "ag"):
+            out, lse = dcp_ops.dcp_attention(c["q"][:, mine].contiguous(), shard, mode=mode, return_lse=True)
+            heads = slice(None) if mode == "ag" else mine
+            what = f"rank {rank} {kind} {mode}"
+            assert torch.equal(torch.isnan(out), torch.isnan(want[:, heads])), what
+            assert torch.equal(torch.isnan(lse), torch.isnan(want_lse[:, heads])), what
+            assert torch.isnan(lse[2]).any() and torch.isfinite(out[0]).all(), what
+            assert_matches(out[0], want[0, heads], torch.float32, what)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_dcp_attention_propagates_a_nan(world):
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_nan_worker, args=(world, os.path.join(d, "store")), nprocs=world)

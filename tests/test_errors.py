@@ -60,7 +60,6 @@ def mla_args(**over):
 MLA_BAD = [
     (dict(q_nope=torch.randn(2, 4, 30)), r"q_nope.shape\[2\] .*D_latent.* must be 32, got 30"),
     (dict(q_pe=torch.randn(2, 3, 16)), r"q_pe.shape\[1\] \(heads, equal to q_nope's\) must be 4, got 3"),
-    (dict(kv_cache=torch.randn(3, 8, 16)), r"kv_cache last dim \(16\) must exceed q_pe's rope dim \(16\)"),
     (dict(kv_cache=torch.randn(3, 8, 48).half()), "kv_cache must have dtype Float, got Half"),
     (dict(q_nope=torch.randn(2, 4, 24), w_uk=torch.randn(4, 24, 31)), r"w_uk.shape\[2\] \(D_latent"),
     (dict(q_nope=torch.randn(2, 4, 24), w_uk=torch.randn(3, 24, 32)), r"w_uk.shape\[0\] \(heads"),
@@ -172,3 +171,56 @@ def test_precision_is_refused_by_name(precision):
         with pytest.raises(ValueError, match=r'gqa_decode_partial: precision must be "native" or "fp32", got "bf16"'
                            if precision == "bf16" else "precision must be"):
             torch.ops.dcp_ops.gqa_decode_partial(*gqa_args().values(), precision=precision)
+
+
+WRAPPER_BAD = [  # the Python wrappers' own checks: each names its argument
+    (lambda: dcp_ops.gqa_decode_partial(**gqa_args(scale="0.1")), TypeError,
+     "gqa_decode_partial: scale must be a real number, got str"),
+    (lambda: dcp_ops.gqa_decode_partial(**gqa_args(scale=None)), TypeError, "gqa_decode_partial: scale must be a real"),
+    (lambda: dcp_ops.mla_decode_partial(**mla_args(scale=True)), TypeError, "mla_decode_partial: scale must be a real"),
+    (lambda: dcp_ops.merge_partials(torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1), "e"), TypeError,
+     "merge_partials: lse_base must be a real number"),
+    (lambda: dcp_ops.correct_partial(torch.randn(1, 1, 8), torch.randn(2, 1, 1), 1.0), TypeError,
+     "correct_partial: rank must be an int, got float"),
+    (lambda: dcp_ops.correct_partial(torch.randn(1, 1, 8), torch.randn(2, 1, 1), 0, None), TypeError,
+     "correct_partial: lse_base must be a real number"),
+    (lambda: dcp_ops.pack_exchange(torch.randn(2, 4), torch.randn(2, 4), 2), ValueError,
+     r"pack_exchange: out must be 3-D \[T, H, D\], got shape \[2, 4\]"),
+    (lambda: dcp_ops.pack_exchange(torch.randn(1, 4, 8), torch.randn(1, 4), 2.0), TypeError,
+     "pack_exchange: world_size must be an int, got float"),
+    (lambda: dcp_ops.pack_exchange(torch.randn(1, 4, 8), torch.randn(1, 4), 4, send=torch.empty(2, 1, 2, 12)),
+     ValueError, r"pack_exchange: send.shape\[0\] must be world_size = 4, got 2"),
+    (lambda: dcp_ops.pack_exchange(torch.randn(1, 4, 8), torch.randn(1, 4), 3), ValueError,
+     r"pack_exchange: out heads \(4\) must divide into world_size = 3 ranks"),
+    (lambda: dcp_ops.merge_exchange(torch.randn(2, 1, 12)), ValueError, "merge_exchange: recv must be 4-D"),
+    (lambda: dcp_ops.merge_exchange(torch.randn(2, 1, 1, 4)), ValueError,
+     "merge_exchange: recv must be a float tensor whose rows hold D > 0 elements and the pad"),
+    (lambda: dcp_ops.merge_exchange([1, 2]), TypeError, "merge_exchange: recv must be a tensor"),
+    (lambda: dcp_ops.dcp_attention(torch.randn(1, 2, 8), None, workspace={}), TypeError,
+     "dcp_attention: workspace must be a dcp_ops.Workspace or None, got dict"),
+    (lambda: dcp_ops.dcp_attention([[1.0]], None), ValueError, "dcp_attention: q must be a 3-D tensor"),
+    (lambda: dcp_ops.owner_rank(torch.arange(4), 2.0), TypeError, "owner_rank: world_size must be an int, got float"),
+    (lambda: dcp_ops.local_seq_lens(torch.arange(4), 2, 0.5), TypeError, "local_seq_lens: rank must be an int"),
+    (lambda: dcp_ops.slot_mapping(torch.zeros(1, 2, dtype=I32), torch.zeros(1, dtype=I32), torch.zeros(1, dtype=I32),
+                                  16.0, 2, 0), TypeError, "slot_mapping: block_size must be an int"),
+]
+
+
+@pytest.mark.parametrize("call,exc,msg", WRAPPER_BAD)
+def test_wrappers_name_the_bad_argument(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
+
+
+@pytest.mark.simt
+def test_cuda_alignment_refusals_name_the_cache(simt_ops):
+    k = torch.randn(4, 16, 2, 64)
+    v = torch.randn(4 * 16 * 2 * 64 + 1)[1:].view(4, 16, 2, 64)  # 4 bytes past a 16-byte boundary
+    args = (torch.randn(2, 8, 64), k, v, torch.tensor([[0, 1], [2, 3]], dtype=I32), torch.tensor([20, 32], dtype=I32),
+            0.125)
+    with pytest.raises(RuntimeError, match="gqa_decode_partial: on CUDA the rows of v_cache must be 16-byte aligned"):
+        simt_ops.gqa_decode_partial(*args)
+    kv = torch.randn(3 * 8 * 192 + 2)[2:].view(3, 8, 192)  # 8 bytes past
+    with pytest.raises(RuntimeError, match="mla_decode_partial: on CUDA the rows of kv_cache must be 16-byte aligned"):
+        simt_ops.mla_decode_partial(torch.randn(2, 4, 128), torch.randn(2, 4, 64), kv,
+                                    torch.tensor([[0, 1], [2, 0]], dtype=I32), torch.tensor([9, 3], dtype=I32), 0.1)

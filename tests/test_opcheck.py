@@ -34,9 +34,13 @@ def test_opcheck_every_op():
     torch.library.opcheck(ops.mla_decode_partial, _mla(True), {"precision": "fp32"})
     torch.library.opcheck(ops.merge_partials, (torch.randn(3, 2, 4, 16), torch.randn(3, 2, 4), math.e))
     torch.library.opcheck(ops.merge_partials, (torch.randn(3, 2, 4, 16).bfloat16(), torch.randn(3, 2, 4), 2.0))
+    torch.library.opcheck(ops.merge_partials, (torch.randn(3, 2, 4, 16), torch.randn(3, 2, 4), math.e, "propagate"))
     torch.library.opcheck(ops.correct_partial, (torch.randn(2, 4, 16), torch.randn(3, 2, 4), 1, math.e))
+    torch.library.opcheck(ops.correct_partial, (torch.randn(2, 4, 16), torch.randn(3, 2, 4), 1, math.e, "propagate"))
     torch.library.opcheck(ops.pack_exchange, (torch.randn(2, 4, 16), torch.randn(2, 4), torch.empty(2, 2, 2, 20)))
     torch.library.opcheck(ops.merge_exchange, (torch.randn(2, 3, 2, 20), torch.empty(3, 2, 16), torch.empty(3, 2)))
+    torch.library.opcheck(ops.merge_exchange, (torch.randn(2, 3, 2, 20), torch.empty(3, 2, 16), torch.empty(3, 2),
+                                               "propagate"))
     torch.library.opcheck(ops.write_kv, (torch.zeros(3, 4, 2, 8), torch.randn(5, 2, 8),
                                          torch.tensor([0, -1, 11, 4, 7], dtype=I32)))
 
@@ -54,12 +58,13 @@ SCHEMAS = {
     "mla_decode_partial": "dcp_ops::mla_decode_partial(Tensor q_nope, Tensor q_pe, Tensor kv_cache, Tensor block_table, "
                           "Tensor seq_lens, float scale, Tensor? w_uk=None, Tensor? w_uv=None, *, "
                           "str precision=\"native\") -> (Tensor out, Tensor lse)",
-    "merge_partials": "dcp_ops::merge_partials(Tensor outs, Tensor lses, float lse_base=2.7182818284590451) -> "
-                      "(Tensor out, Tensor lse)",
+    "merge_partials": "dcp_ops::merge_partials(Tensor outs, Tensor lses, float lse_base=2.7182818284590451, "
+                      "str nonfinite_lse=\"empty\") -> (Tensor out, Tensor lse)",
     "correct_partial": "dcp_ops::correct_partial(Tensor(a!) out, Tensor lses, int rank, "
-                       "float lse_base=2.7182818284590451) -> Tensor",
+                       "float lse_base=2.7182818284590451, str nonfinite_lse=\"empty\") -> Tensor",
     "pack_exchange": "dcp_ops::pack_exchange(Tensor out, Tensor lse, Tensor(a!) send) -> ()",
-    "merge_exchange": "dcp_ops::merge_exchange(Tensor recv, Tensor(a!) out, Tensor(b!) lse) -> ()",
+    "merge_exchange": "dcp_ops::merge_exchange(Tensor recv, Tensor(a!) out, Tensor(b!) lse, "
+                      "str nonfinite_lse=\"empty\") -> ()",
     "write_kv": "dcp_ops::write_kv(Tensor(a!) cache, Tensor new, Tensor slot_mapping) -> ()",
 }
 

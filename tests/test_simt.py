@@ -314,3 +314,30 @@ def test_decode_cuda_sources_refuse_more_query_tokens_than_a_grid_holds(simt_ops
     with pytest.raises(RuntimeError, match="mla_decode_partial: on CUDA at most 65535 query tokens per call"):
         simt_ops.mla_decode_partial(torch.randn(T, 1, 128), torch.randn(T, 1, 64), torch.randn(1, 16, 192), table,
                                     lens, 0.1)
+
+
+@pytest.mark.parametrize("precision", ["native", "fp32"])
+@pytest.mark.parametrize("heads", [1, 5, 16, 128])
+@pytest.mark.parametrize("absorb,up", [(False, False), (True, True)])
+def test_mla_decode_cuda_source_precisions_at_the_design_shapes(simt_ops, heads, absorb, up, precision):
+    # DESIGN.md §7's MLA shapes for both precisions: 512 + 64, lengths 0, 1 and not multiples of 16 or 64
+    args = _mla_case([0, 1, 37, 130], heads, 512, 64, absorb, up, 16, torch.bfloat16,
+                     torch.Generator().manual_seed(heads + absorb))
+    out, lse = simt_ops.mla_decode_partial(*args, precision=precision)
+    assert_decode(out, lse, ref.mla_decode_partial, args, torch.bfloat16, precision, f"MLA {heads} heads")
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and bool((lse[0] == -math.inf).all())
+
+
+@pytest.mark.parametrize("precision", ["native", "fp32"])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gqa_decode_cuda_source_precisions_at_the_design_shapes(simt_ops, group, head_dim, precision):
+    from conftest import paged_cache, randn
+    gen = torch.Generator().manual_seed(group + head_dim)
+    lens = [0, 1, 37, 130]
+    k, table = paged_cache(lens, 16, (2, head_dim), torch.float16, gen)
+    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=torch.float16, gen=gen))
+    q = randn(len(lens), 2 * group, head_dim, dtype=torch.float16, gen=gen)
+    args = (q, k, v, table, torch.tensor(lens, dtype=torch.int32), head_dim ** -0.5)
+    out, lse = simt_ops.gqa_decode_partial(*args, precision=precision)
+    assert_decode(out, lse, ref.gqa_decode_partial, args, torch.float16, precision, f"GQA group {group}")

@@ -18,19 +18,25 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 using fVec = at::vec::Vectorized<float>;
 
-// External LSE to natural log; NaN and +inf mean "no tokens" (-inf).
-inline float sanitize_lse(float x, float ln_base) {
+// An LSE in natural log as the merges read it (DESIGN.md §2): -inf is an empty partial; from other kernels
+// (propagate = false) NaN and +inf are empty too; from ours (propagate = true) they stay, and poison the row.
+inline float read_lse(float x, float ln_base, bool propagate) {
   const float v = x * ln_base;
-  return (std::isnan(v) || v == std::numeric_limits<float>::infinity()) ? kNegInf : v;
+  return propagate || !(std::isnan(v) || v == std::numeric_limits<float>::infinity()) ? v : kNegInf;
 }
 
-// Merge weights exp(lse_r - L) for N partials; returns L (-inf when every partial is empty, weights then all 0).
+// Merge weights exp(lse_r - L) for N partials; returns L. Every partial empty: L = -inf, weights 0. A NaN LSE: L
+// NaN; else a +inf one: L = +inf; then every partial but the empty ones gets weight NaN.
 inline float merge_weights(const float* lse, int64_t n, float* w) {
   float mx = kNegInf;
-  for (int64_t r = 0; r < n; ++r) mx = std::max(mx, lse[r]);
-  if (mx == kNegInf) {
-    std::fill(w, w + n, 0.f);
-    return kNegInf;
+  bool nan = false;
+  for (int64_t r = 0; r < n; ++r) {
+    nan |= std::isnan(lse[r]);
+    mx = std::max(mx, lse[r]);
+  }
+  if (nan || mx == -kNegInf || mx == kNegInf) {
+    for (int64_t r = 0; r < n; ++r) w[r] = lse[r] == kNegInf ? 0.f : std::numeric_limits<float>::quiet_NaN();
+    return nan ? std::numeric_limits<float>::quiet_NaN() : mx;
   }
   float sum = 0.f;
   for (int64_t r = 0; r < n; ++r) sum += (w[r] = std::exp(lse[r] - mx));
@@ -53,7 +59,9 @@ inline void weighted_sum(const scalar_t* base, int64_t stride_r, const float* w,
 
 }  // namespace
 
-std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& lses, double lse_base) {
+std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& lses, double lse_base,
+                                              c10::string_view nonfinite_lse) {
+  const bool propagate = parse_nonfinite_lse(nonfinite_lse, "merge_partials");
   validate_merge(outs, lses, lse_base, "merge_partials");
   const int64_t N = outs.size(0), T = outs.size(1), H = outs.size(2), D = outs.size(3);
   Tensor out = at::empty({T, H, D}, outs.options());
@@ -69,7 +77,7 @@ std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& 
       for (int64_t th = begin; th < end; ++th) {
         const int64_t t = th / H, h = th % H;
         for (int64_t r = 0; r < N; ++r)
-          lv[r] = sanitize_lse(l[r * lses.stride(0) + t * lses.stride(1) + h * lses.stride(2)], ln_base);
+          lv[r] = read_lse(l[r * lses.stride(0) + t * lses.stride(1) + h * lses.stride(2)], ln_base, propagate);
         lse_dst[th] = merge_weights(lv.data(), N, w.data());
         weighted_sum(o + t * outs.stride(1) + h * outs.stride(2), outs.stride(0), w.data(), N, D, dst + th * D,
                      acc.data());
@@ -79,7 +87,9 @@ std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& 
   return {out, lse};
 }
 
-Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double lse_base) {
+Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double lse_base,
+                           c10::string_view nonfinite_lse) {
+  const bool propagate = parse_nonfinite_lse(nonfinite_lse, "correct_partial");
   validate_correct(out, lses, rank, lse_base);
   const int64_t N = lses.size(0), T = out.size(0), H = out.size(1), D = out.size(2);
   Tensor lse = at::empty({T, H}, lses.options());
@@ -93,7 +103,7 @@ Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double
       for (int64_t th = begin; th < end; ++th) {
         const int64_t t = th / H, h = th % H;
         for (int64_t r = 0; r < N; ++r)
-          lv[r] = sanitize_lse(l[r * lses.stride(0) + t * lses.stride(1) + h * lses.stride(2)], ln_base);
+          lv[r] = read_lse(l[r * lses.stride(0) + t * lses.stride(1) + h * lses.stride(2)], ln_base, propagate);
         lse_dst[th] = merge_weights(lv.data(), N, w.data());
         const float factor = w[rank];
         scalar_t* row = o + t * out.stride(0) + h * out.stride(1);
@@ -124,7 +134,8 @@ void pack_exchange_cpu(const Tensor& out, const Tensor& lse, Tensor& send) {
   });
 }
 
-void merge_exchange_cpu(const Tensor& recv, Tensor& out, Tensor& lse) {
+void merge_exchange_cpu(const Tensor& recv, Tensor& out, Tensor& lse, c10::string_view nonfinite_lse) {
+  const bool propagate = parse_nonfinite_lse(nonfinite_lse, "merge_exchange");
   validate_merge_exchange(recv, out, lse);
   const int64_t N = recv.size(0), T = recv.size(1), Hl = recv.size(2), row = recv.size(3);
   const int64_t D = out.size(2);
@@ -139,7 +150,7 @@ void merge_exchange_cpu(const Tensor& recv, Tensor& out, Tensor& lse) {
         for (int64_t r = 0; r < N; ++r) {
           float v;
           std::memcpy(&v, in + ((r * T + t) * Hl + h) * row + D, sizeof(float));
-          lv[r] = sanitize_lse(v, 1.f);
+          lv[r] = read_lse(v, 1.f, propagate);
         }
         lse_dst[t * lse.stride(0) + h * lse.stride(1)] = merge_weights(lv.data(), N, w.data());
         weighted_sum(in + th * row, T * Hl * row, w.data(), N, D, o + t * out.stride(0) + h * out.stride(1),

@@ -287,10 +287,11 @@ void softmax_update(float* st, int64_t G, int64_t n, float* m, float* l, float* 
     }
     for (; i < n; ++i) mx[0] = at::vec::maximum(mx[0], row(i));
     const fVec top = at::vec::maximum(at::vec::maximum(mx[0], mx[1]), at::vec::maximum(mx[2], mx[3]));
-    const fVec a = exp2_nonpos(m_old - top);  // 0 on the first tile (m = -inf)
+    const fVec base = fVec::blendv(top, fVec(0.f), top == fVec(kNegInf));  // only -inf so far: every e is 0
+    const fVec a = exp2_nonpos(m_old - base);  // 0 on the first tile (m = -inf)
     fVec sum(0.f);
     for (i = 0; i < n; ++i) {
-      const fVec e = exp2_nonpos(row(i) - top);
+      const fVec e = exp2_nonpos(row(i) - base);
       e.store(st + i * G + g0, w);
       sum = sum + e;
       if (i % 8 == 7) hook();
@@ -314,10 +315,12 @@ void softmax_update8(float* st, int64_t G, int64_t n, float* m, float* l, float*
     const __m256 x = load(st + i * G);
     mx = _mm256_or_ps(_mm256_max_ps(mx, x), _mm256_cmp_ps(mx, x, _CMP_UNORD_Q));
   }
-  const __m256 a = exp2_nonpos(_mm256_sub_ps(m_old, mx));  // 0 on the first tile (m = -inf)
+  const __m256 base =  // only -inf so far: every e is 0
+      _mm256_blendv_ps(mx, _mm256_setzero_ps(), _mm256_cmp_ps(mx, _mm256_set1_ps(kNegInf), _CMP_EQ_OQ));
+  const __m256 a = exp2_nonpos(_mm256_sub_ps(m_old, base));  // 0 on the first tile (m = -inf)
   __m256 sum = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; ++i) {
-    const __m256 e = exp2_nonpos(_mm256_sub_ps(load(st + i * G), mx));
+    const __m256 e = exp2_nonpos(_mm256_sub_ps(load(st + i * G), base));
     store(st + i * G, e);
     sum = _mm256_add_ps(sum, e);
   }
@@ -639,13 +642,19 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     for (int64_t th = begin; th < end; ++th) {
       const int64_t t = th / p.Hq, h = th % p.Hq;
       auto idx = [&](int64_t sp) { return (t * nsplit + sp) * p.Hq + h; };
+      // A NaN score made its split's m NaN (at::vec::maximum keeps NaN), a +inf one its m +inf: the row is NaN, or
+      // NaN with LSE +inf, as in the float64 reference; only -inf scores or none: an empty row (DESIGN.md §2).
       float mx = kNegInf;
-      for (int64_t sp = 0; sp < nsplit; ++sp) mx = std::max(mx, part_m[idx(sp)]);
+      bool nan = false;
+      for (int64_t sp = 0; sp < nsplit; ++sp) {
+        nan |= std::isnan(part_m[idx(sp)]);
+        mx = std::max(mx, part_m[idx(sp)]);
+      }
       float* dst = row.data();
-      if (mx == kNegInf) {
-        std::fill(dst, dst + p.Dv, 0.f);
+      if (nan || mx == kNegInf || mx == -kNegInf) {
+        std::fill(dst, dst + p.Dv, mx == kNegInf && !nan ? 0.f : std::numeric_limits<float>::quiet_NaN());
         store_row(p.out, p.out_dtype, th * p.Dv, dst, p.Dv);
-        p.lse[th] = kNegInf;
+        p.lse[th] = nan ? std::numeric_limits<float>::quiet_NaN() : mx;
         continue;
       }
       float total = 0.f;

@@ -15,11 +15,8 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
   DCP_CUDA_GUARD(q);
   TORCH_CHECK(kernels::gqa_supported_head_dim(static_cast<int>(d.Dk), static_cast<int>(q.element_size())),
               "gqa_decode_partial: the CUDA kernel takes head dims 64, 128 and 256, got ", d.Dk);
-  TORCH_CHECK(k_cache.stride(1) % (16 / q.element_size()) == 0 && k_cache.stride(2) % (16 / q.element_size()) == 0 &&
-                  v_cache.stride(1) % (16 / q.element_size()) == 0 && v_cache.stride(2) % (16 / q.element_size()) == 0 &&
-                  reinterpret_cast<uintptr_t>(k_cache.data_ptr()) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(v_cache.data_ptr()) % 16 == 0,
-              "gqa_decode_partial: on CUDA the cache rows must be 16-byte aligned, got strides ", k_cache.strides());
+  check_rows_aligned(k_cache, "gqa_decode_partial", "k_cache");
+  check_rows_aligned(v_cache, "gqa_decode_partial", "v_cache");
   Tensor out = new_output({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = new_output({d.T, d.Hq}, q.options().dtype(at::kFloat));
   if (d.T == 0 || d.Hq == 0) return {out, lse};  // an empty grid is a launch error
@@ -41,7 +38,7 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
                                {part_lse.data_ptr<float>(), d.T * d.Hq, d.Hq, 1},
                                out.data_ptr(), d.Hq * d.Dv, d.Dv, lse.data_ptr<float>(), d.Hq, 1,
                                static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
-                               static_cast<int>(d.Dv), 1.f};
+                               static_cast<int>(d.Dv), 1.f, /*propagate=*/true};  // the splits' LSE are ours: a NaN one poisons the row
   const cudaError_t err = DCP_DISPATCH_FLOAT(q.scalar_type(), "gqa_decode_partial", [&] {
     cudaError_t e = kernels::gqa_split_pass<scalar_t>(p, current_stream(), has_mma_sync(), native);
     return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());

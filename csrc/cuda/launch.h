@@ -56,6 +56,16 @@ inline KvSplits kv_splits(int64_t T, int64_t max_blocks, int64_t block_size, con
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + 511) / 512));
   return {splits, std::max<int64_t>(1, (capacity + splits - 1) / splits)};
 }
+
+// The CUDA decode kernels read cache rows in 16-byte packs: the cache's data pointer and every stride but the last
+// (the row's own) must be 16-byte multiples. Refuses `name` otherwise.
+inline void check_rows_aligned(const at::Tensor& cache, const char* op, const char* name) {
+  const int64_t pack = 16 / cache.element_size();
+  bool ok = reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0;
+  for (int64_t d = 0; d + 1 < cache.dim(); ++d) ok = ok && cache.stride(d) % pack == 0;
+  TORCH_CHECK(ok, op, ": on CUDA the rows of ", name, " must be 16-byte aligned (its data pointer and its strides but "
+              "the last in multiples of ", pack, " elements), got strides ", cache.strides());
+}
 }  // namespace dcp_ops
 
 #define DCP_CHECK_LAUNCH(err, op) TORCH_CHECK((err) == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err))

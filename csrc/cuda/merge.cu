@@ -5,7 +5,9 @@
 
 namespace dcp_ops {
 
-std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor& lses, double lse_base) {
+std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor& lses, double lse_base,
+                                               c10::string_view nonfinite_lse) {
+  const bool propagate = parse_nonfinite_lse(nonfinite_lse, "merge_partials");
   validate_merge(outs, lses, lse_base, "merge_partials");
   DCP_CUDA_GUARD(outs);
   const int64_t N = outs.size(0), T = outs.size(1), H = outs.size(2), D = outs.size(3);
@@ -15,14 +17,16 @@ std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor&
                                {lses.data_ptr<float>(), lses.stride(0), lses.stride(1), lses.stride(2)},
                                out.data_ptr(), H * D, D, lse.data_ptr<float>(), H, 1,
                                static_cast<int>(N), static_cast<int>(T), static_cast<int>(H), static_cast<int>(D),
-                               static_cast<float>(std::log(lse_base))};
+                               static_cast<float>(std::log(lse_base)), propagate};
   const cudaError_t err = DCP_DISPATCH_FLOAT(outs.scalar_type(), "merge_partials",
                                              [&] { return kernels::merge_partials<scalar_t>(p, current_stream()); });
   DCP_CHECK_LAUNCH(err, "merge_partials");
   return {out, lse};
 }
 
-Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, double lse_base) {
+Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, double lse_base,
+                            c10::string_view nonfinite_lse) {
+  const bool propagate = parse_nonfinite_lse(nonfinite_lse, "correct_partial");
   validate_correct(out, lses, rank, lse_base);
   DCP_CUDA_GUARD(out);
   const int64_t T = out.size(0), H = out.size(1);
@@ -31,7 +35,7 @@ Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, doubl
                                  {lses.data_ptr<float>(), lses.stride(0), lses.stride(1), lses.stride(2)},
                                  total.data_ptr<float>(), static_cast<int>(rank), static_cast<int>(lses.size(0)),
                                  static_cast<int>(T), static_cast<int>(H), static_cast<int>(out.size(2)),
-                                 static_cast<float>(std::log(lse_base))};
+                                 static_cast<float>(std::log(lse_base)), propagate};
   const cudaError_t err = DCP_DISPATCH_FLOAT(out.scalar_type(), "correct_partial",
                                              [&] { return kernels::correct_partial<scalar_t>(p, current_stream()); });
   DCP_CHECK_LAUNCH(err, "correct_partial");
@@ -50,7 +54,8 @@ void pack_exchange_cuda(const Tensor& out, const Tensor& lse, Tensor& send) {
   DCP_CHECK_LAUNCH(err, "pack_exchange");
 }
 
-void merge_exchange_cuda(const Tensor& recv, Tensor& out, Tensor& lse) {
+void merge_exchange_cuda(const Tensor& recv, Tensor& out, Tensor& lse, c10::string_view nonfinite_lse) {
+  const bool propagate = parse_nonfinite_lse(nonfinite_lse, "merge_exchange");
   validate_merge_exchange(recv, out, lse);
   DCP_CUDA_GUARD(recv);
   const int64_t N = recv.size(0), T = recv.size(1), Hl = recv.size(2), row = recv.size(3);
@@ -60,7 +65,7 @@ void merge_exchange_cuda(const Tensor& recv, Tensor& out, Tensor& lse) {
       recv.data_ptr(), T * Hl * row, Hl * row, row,
       {bytes + D * es, T * Hl * row * es, Hl * row * es, row * es},
       out.data_ptr(), out.stride(0), out.stride(1), lse.data_ptr<float>(), lse.stride(0), lse.stride(1),
-      static_cast<int>(N), static_cast<int>(T), static_cast<int>(Hl), static_cast<int>(D), 1.f};
+      static_cast<int>(N), static_cast<int>(T), static_cast<int>(Hl), static_cast<int>(D), 1.f, propagate};
   const cudaError_t err = DCP_DISPATCH_FLOAT(recv.scalar_type(), "merge_exchange", [&] {
     return kernels::merge<scalar_t, scalar_t>(p, current_stream());
   });

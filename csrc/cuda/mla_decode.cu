@@ -55,9 +55,7 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
               latent, " + ", rope);
   TORCH_CHECK(q_nope.size(2) <= kernels::kProjectMaxK, "mla_decode_partial: on CUDA q_nope's last dim must be at most ",
               kernels::kProjectMaxK, ", got ", q_nope.size(2));
-  TORCH_CHECK(kv_cache.stride(0) % (16 / es) == 0 && kv_cache.stride(1) % (16 / es) == 0 &&
-                  reinterpret_cast<uintptr_t>(kv_cache.data_ptr()) % 16 == 0,
-              "mla_decode_partial: on CUDA the cache rows must be 16-byte aligned, got strides ", kv_cache.strides());
+  check_rows_aligned(kv_cache, "mla_decode_partial", "kv_cache");
   const int64_t d_out = w_uv.has_value() ? w_uv->size(2) : latent, DK = latent + rope;
   auto f32 = q_nope.options().dtype(at::kFloat);
   Tensor out = new_output({d.T, d.Hq, d_out}, q_nope.options());
@@ -85,7 +83,7 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                                {part_lse.data_ptr<float>(), d.T * d.Hq, d.Hq, 1},
                                merged.data_ptr(), d.Hq * latent, latent, lse.data_ptr<float>(), d.Hq, 1,
                                static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
-                               static_cast<int>(latent), 1.f};
+                               static_cast<int>(latent), 1.f, /*propagate=*/true};  // the splits' LSE are ours: a NaN one poisons the row
   const cudaError_t err = DCP_DISPATCH_FLOAT(q_nope.scalar_type(), "mla_decode_partial", [&] {
     cudaError_t e = cudaSuccess;
     if (bn > 0) {  // the absorbed query rounded once to the cache's type, unscaled (the kernel scales the scores)

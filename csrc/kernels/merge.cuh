@@ -1,15 +1,19 @@
 // Merge family (torch-free; raw pointers and element strides): merge of N normalised partials by their LSE,
-// vLLM's in-place correction, and the a2a exchange's pack. NaN / +inf LSE count as -inf (an empty shard).
+// vLLM's in-place correction, and the a2a exchange's pack.
 //   out[t,h,:] = sum_r exp(lse_r - L) * outs[r,t,h,:],  L = logsumexp_r lse_r
+// Non-finite LSE (DESIGN.md §2): -inf is an empty partial (weight 0). With propagate = false (LSE from other kernels,
+// vLLM's convention) NaN and +inf count as -inf too. With propagate = true (our own partials, which mark empty ones
+// with -inf) a NaN LSE makes the row's L and output NaN, and a +inf one (a +inf score) makes L +inf and the output NaN.
 #pragma once
 
 #include "kernels/common.cuh"
 
 namespace dcp_ops::kernels {
 
-__device__ __forceinline__ float sanitize_lse(float x, float ln_base) {
+// An LSE in natural log as the merges read it.
+__device__ __forceinline__ float read_lse(float x, float ln_base, bool propagate) {
   const float v = x * ln_base;
-  return (isnan(v) || v == INFINITY) ? -INFINITY : v;
+  return propagate || !(isnan(v) || v == INFINITY) ? v : -INFINITY;
 }
 
 // LSE of rank r for row (t, h): fp32 at a strided address, or bit-stored in an a2a row's pad (any alignment).
@@ -30,15 +34,31 @@ struct PackedLse {
   }
 };
 
-// Max and 1 / sum of exp over the N sanitised LSEs of a row; max = -inf when every partial is empty.
+// Max and sum of exp over a row's N LSEs (read_lse): max = -inf when every partial is empty, NaN when one is NaN,
+// +inf when one is +inf and none is NaN (propagate only); sum only for a finite max.
 template <typename Lse>
-__device__ __forceinline__ void lse_stats(const Lse& lse, int N, int64_t t, int64_t h, float ln_base, float& mx,
-                                          float& sum) {
+__device__ __forceinline__ void lse_stats(const Lse& lse, int N, int64_t t, int64_t h, float ln_base, bool propagate,
+                                          float& mx, float& sum) {
   mx = -INFINITY;
-  for (int r = 0; r < N; ++r) mx = fmaxf(mx, sanitize_lse(lse(r, t, h), ln_base));
+  bool nan = false;
+  for (int r = 0; r < N; ++r) {
+    const float v = read_lse(lse(r, t, h), ln_base, propagate);
+    nan |= isnan(v);
+    mx = fmaxf(mx, v);
+  }
+  if (nan) mx = NAN;
   sum = 0.f;
-  if (mx != -INFINITY)
-    for (int r = 0; r < N; ++r) sum += __expf(sanitize_lse(lse(r, t, h), ln_base) - mx);
+  if (isfinite(mx))
+    for (int r = 0; r < N; ++r) sum += __expf(read_lse(lse(r, t, h), ln_base, propagate) - mx);
+}
+
+// The merged row's LSE from lse_stats: -inf (empty), NaN and +inf pass through.
+__device__ __forceinline__ float merged_lse(float mx, float sum) { return isfinite(mx) ? mx + __logf(sum) : mx; }
+
+// The weight exp(v - L) of a partial whose LSE reads v, inv = 1 / sum: 0 for an empty partial, NaN for every other
+// one when the row's max is NaN or +inf.
+__device__ __forceinline__ float merge_weight(float v, float mx, float inv) {
+  return v == -INFINITY ? 0.f : isfinite(mx) ? __expf(v - mx) * inv : NAN;
 }
 
 template <typename Lse>
@@ -52,6 +72,7 @@ struct MergeArgs {
   int64_t lse_st, lse_sh;
   int N, T, H, D;
   float ln_base;
+  bool propagate;            // nonfinite_lse="propagate" (see the top of this file)
 };
 using MergeParams = MergeArgs<StridedLse>;
 
@@ -62,9 +83,9 @@ __global__ void merge_kernel(MergeArgs<Lse> p) {
   if (row >= static_cast<int64_t>(p.T) * p.H) return;
   const int64_t t = row / p.H, h = row % p.H;
   float mx, sum;
-  lse_stats(p.lses, p.N, t, h, p.ln_base, mx, sum);
-  if (threadIdx.x == 0) p.lse[t * p.lse_st + h * p.lse_sh] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
-  const float inv = mx == -INFINITY ? 0.f : 1.f / sum;
+  lse_stats(p.lses, p.N, t, h, p.ln_base, p.propagate, mx, sum);
+  if (threadIdx.x == 0) p.lse[t * p.lse_st + h * p.lse_sh] = merged_lse(mx, sum);
+  const float inv = isfinite(mx) ? 1.f / sum : 0.f;
   const TIn* src = static_cast<const TIn*>(p.outs) + t * p.so_t + h * p.so_h;
   TOut* dst = static_cast<TOut*>(p.out) + t * p.out_st + h * p.out_sh;
   for (int d = threadIdx.x * VEC; d < p.D; d += blockDim.x * VEC) {
@@ -72,7 +93,7 @@ __global__ void merge_kernel(MergeArgs<Lse> p) {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
     for (int r = 0; r < p.N; ++r) {
-      const float w = mx == -INFINITY ? 0.f : __expf(sanitize_lse(p.lses(r, t, h), p.ln_base) - mx) * inv;
+      const float w = merge_weight(read_lse(p.lses(r, t, h), p.ln_base, p.propagate), mx, inv);
       if (w == 0.f) continue;  // an empty partial may hold NaN; it must not leak
       const Pack<TIn, VEC> x = *reinterpret_cast<const Pack<TIn, VEC>*>(src + r * p.so_n + d);
 #pragma unroll
@@ -124,6 +145,7 @@ struct CorrectParams {
   float* total;  // [T, H] contiguous
   int rank, N, T, H, D;
   float ln_base;
+  bool propagate;
 };
 
 template <typename T, int VEC>
@@ -132,9 +154,9 @@ __global__ void correct_kernel(CorrectParams p) {
   if (row >= static_cast<int64_t>(p.T) * p.H) return;
   const int64_t t = row / p.H, h = row % p.H;
   float mx, sum;
-  lse_stats(p.lses, p.N, t, h, p.ln_base, mx, sum);
-  if (threadIdx.x == 0) p.total[row] = mx == -INFINITY ? -INFINITY : mx + __logf(sum);
-  const float w = mx == -INFINITY ? 0.f : __expf(sanitize_lse(p.lses(p.rank, t, h), p.ln_base) - mx) / sum;
+  lse_stats(p.lses, p.N, t, h, p.ln_base, p.propagate, mx, sum);
+  if (threadIdx.x == 0) p.total[row] = merged_lse(mx, sum);
+  const float w = merge_weight(read_lse(p.lses(p.rank, t, h), p.ln_base, p.propagate), mx, 1.f / sum);
   T* dst = static_cast<T*>(p.out) + t * p.st + h * p.sh;
   for (int d = threadIdx.x * VEC; d < p.D; d += blockDim.x * VEC) {
     Pack<T, VEC> x = *reinterpret_cast<Pack<T, VEC>*>(dst + d);

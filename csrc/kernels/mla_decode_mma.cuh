@@ -121,8 +121,13 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
           mma_16816<T>(c3[k], qa[i][1][k], b1);
         }
       }
+      // An infinite key element times the query's three terms gives +-inf per term (or NaN from a zero term), so
+      // the sum can be NaN where the score is +-inf: then the first term's (the reference's sign) stands.
 #pragma unroll
-      for (int i = 0; i < 4; ++i) part[((warp * 2 + n) * 32 + lane) * 4 + i] = c3[0][i] + (c3[1][i] + c3[2][i]);
+      for (int i = 0; i < 4; ++i) {
+        const float s = c3[0][i] + (c3[1][i] + c3[2][i]);
+        part[((warp * 2 + n) * 32 + lane) * 4 + i] = isnan(s) && !isnan(c3[0][i]) ? c3[0][i] : s;
+      }
     }
     __syncthreads();  // every warp's partial scores are in
 #pragma unroll
@@ -173,13 +178,14 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
     if (row >= ng) continue;
     const int64_t prow = (static_cast<int64_t>(split) * p.T + seq) * p.H + h0 + row;
     float* o = p.part_o + prow * DL + 64 * warp;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    float inv, lse;
+    finish_row(m[r], l[r], inv, lse);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // C columns 2t, 2t + 1 of n-tile j: dims 8 (2t + e) + j
       o[16 * t + j] = acc[j][2 * r] * inv;
       o[16 * t + 8 + j] = acc[j][2 * r + 1] * inv;
     }
-    if (warp == 0 && t == 0) p.part_lse[prow] = l[r] > 0.f ? (m[r] + log2f(l[r])) * 0.69314718f : -INFINITY;
+    if (warp == 0 && t == 0) p.part_lse[prow] = lse;
   }
 }
 

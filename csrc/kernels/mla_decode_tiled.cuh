@@ -244,7 +244,8 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
     for (int r = 0; r < 2; ++r) {
       const int row = 16 * rg + g + 8 * r;
       if (row >= nrows) continue;
-      const float sum = sSum[row] + sSum[kMlaRows + row], inv = sum > 0.f ? 1.f / sum : 0.f;
+      float inv, lse;
+      finish_row(sMax[row], sSum[row] + sSum[kMlaRows + row], inv, lse);
       float* o = p.part_o + orow(row) * DL + DL / 8 * warp + 2 * t;
 #pragma unroll
       for (int n = 0; n < NV; ++n) {
@@ -253,8 +254,9 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
       }
     }
   if (tid < nrows) {
-    const float sum = sSum[tid] + sSum[kMlaRows + tid];
-    p.part_lse[orow(tid)] = sum > 0.f ? (sMax[tid] + log2f(sum)) * 0.69314718f : -INFINITY;
+    float inv, lse;
+    finish_row(sMax[tid], sSum[tid] + sSum[kMlaRows + tid], inv, lse);
+    p.part_lse[orow(tid)] = lse;
   }
 }
 

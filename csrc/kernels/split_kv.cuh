@@ -31,11 +31,32 @@ __device__ __forceinline__ void lane_columns(const float* src, int sl, float* ds
     for (int e = 0; e < VEC; ++e) dst[c * VEC + e] = src[(c * LANES + sl) * VEC + e];
 }
 
+// Non-finite scores in every split pass (DESIGN.md §2): the running max m is taken by fmaxf, which skips a NaN
+// score; the exponentials are taken against m, or 0 while m is -inf, so a -inf score adds 0 even as a row's first
+// (exp2(-inf - -inf) would be NaN); a NaN score makes the row's sum l NaN, and a +inf one makes m +inf (and l NaN).
+// finish_row then reads the row's state.
+
+// The end of a row's online softmax, m its max score (log2 units) and l its sum of 2^(s - m): the factor that
+// normalises its accumulator and its natural LSE. A +inf score: out NaN and LSE +inf, as the float64 reference; a
+// NaN score: out and LSE NaN; no token, or only -inf scores (l = 0): an empty row, out 0 and LSE -inf.
+__device__ __forceinline__ void finish_row(float m, float l, float& inv, float& lse) {
+  if (m == INFINITY) {
+    inv = NAN;
+    lse = INFINITY;
+  } else if (l > 0.f) {
+    inv = 1.f / l;
+    lse = (m + log2f(l)) * 0.69314718f;
+  } else {
+    inv = l == 0.f ? 0.f : NAN;
+    lse = l == 0.f ? -INFINITY : NAN;
+  }
+}
+
 // One token of a head's online softmax, scores in log2 units: acc = acc * 2^(m - m_new) + 2^(s - m_new) * v.
 template <int W>
 __device__ __forceinline__ void online_update(float s, const float* v, float& m, float& l, float* acc) {
-  const float m_new = fmaxf(m, s);
-  const float a = exp2f(m - m_new), pw = exp2f(s - m_new);
+  const float m_new = fmaxf(m, s), base = m_new == -INFINITY ? 0.f : m_new;
+  const float a = exp2f(m - base), pw = exp2f(s - base);
   l = l * a + pw;
 #pragma unroll
   for (int w = 0; w < W; ++w) acc[w] = acc[w] * a + pw * v[w];
@@ -61,26 +82,29 @@ __device__ __forceinline__ void store_slot(const SlotState& st, int slot, int sl
 }
 
 // After __syncthreads: writes heads 0..ng-1 of the block as normalised rows o[g * D + d] (fp32) and their natural
-// LSE lse[g]; a head with no token in the split gets o = 0, lse = -inf. All threads of the block take part.
+// LSE lse[g], as finish_row reads the slots together: a head with no token in the split gets o = 0, lse = -inf; a
+// NaN score in any slot makes the head NaN, a +inf one its LSE +inf. All threads of the block take part.
 __device__ __forceinline__ void combine_slots(const SlotState& s, int slots, int GT, int ng, int D, float* o,
                                               float* lse) {
   for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
     const int g = i / D, d = i % D;
     float mx = -INFINITY;
-    for (int k = 0; k < slots; ++k) mx = fmaxf(mx, s.m[k * GT + g]);
-    if (mx == -INFINITY) {
-      o[g * D + d] = 0.f;
-      if (d == 0) lse[g] = -INFINITY;
-      continue;
-    }
-    float total = 0.f, sum = 0.f;
+    bool nan = false;
     for (int k = 0; k < slots; ++k) {
-      const float w = s.m[k * GT + g] == -INFINITY ? 0.f : exp2f(s.m[k * GT + g] - mx);
-      total += w * s.l[k * GT + g];
-      sum += w * s.o[(k * GT + g) * D + d];
+      mx = fmaxf(mx, s.m[k * GT + g]);
+      nan |= isnan(s.l[k * GT + g]);
     }
-    o[g * D + d] = sum / total;
-    if (d == 0) lse[g] = (mx + log2f(total)) * 0.69314718f;
+    float total = nan ? NAN : 0.f, sum = 0.f;
+    if (isfinite(mx) && !nan)
+      for (int k = 0; k < slots; ++k) {
+        const float w = s.m[k * GT + g] == -INFINITY ? 0.f : exp2f(s.m[k * GT + g] - mx);
+        total += w * s.l[k * GT + g];
+        sum += w * s.o[(k * GT + g) * D + d];
+      }
+    float inv, row_lse;
+    finish_row(mx, total, inv, row_lse);
+    o[g * D + d] = sum * inv;  // 0 for an empty head, whose slots are never read
+    if (d == 0) lse[g] = row_lse;
   }
 }
 

@@ -268,6 +268,7 @@ inline int min(int a, int b) { return a < b ? a : b; }  // CUDA's integer min/ma
 inline int max(int a, int b) { return a > b ? a : b; }
 using std::fmaxf;
 using std::isnan;
+using std::isfinite;
 
 // 16-bit float types with the cuda_bf16.h / cuda_fp16.h conversions the kernels use (round to nearest even).
 struct __nv_bfloat16 { uint16_t bits; };

@@ -8,6 +8,7 @@
 #include "cuda/merge.cu"
 #include "cuda/mla_decode.cu"
 #include "cuda/write_kv.cu"
+#include "schemas.h"
 #include "selftest_kernels.cuh"
 
 using at::Tensor;
@@ -49,19 +50,14 @@ static Tensor divergent_barrier() {
 }
 
 TORCH_LIBRARY(dcp_ops_simt, m) {
-  m.def("gqa_decode_partial(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
-        "float scale, *, str precision=\"native\") -> (Tensor out, Tensor lse)", &dcp_ops::gqa_decode_partial_cuda);
-  m.def("mla_decode_partial(Tensor q_nope, Tensor q_pe, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
-        "float scale, Tensor? w_uk=None, Tensor? w_uv=None, *, str precision=\"native\") "
-        "-> (Tensor out, Tensor lse)",
-        &dcp_ops::mla_decode_partial_cuda);
-  m.def("merge_partials(Tensor outs, Tensor lses, float lse_base=2.718281828459045) -> (Tensor out, Tensor lse)",
-        &dcp_ops::merge_partials_cuda);
-  m.def("correct_partial(Tensor(a!) out, Tensor lses, int rank, float lse_base=2.718281828459045) -> Tensor",
-        &dcp_ops::correct_partial_cuda);
-  m.def("pack_exchange(Tensor out, Tensor lse, Tensor(a!) send) -> ()", &dcp_ops::pack_exchange_cuda);
-  m.def("merge_exchange(Tensor recv, Tensor(a!) out, Tensor(b!) lse) -> ()", &dcp_ops::merge_exchange_cuda);
-  m.def("write_kv(Tensor(a!) cache, Tensor new, Tensor slot_mapping) -> ()", &dcp_ops::write_kv_cuda);
+  using namespace dcp_ops::schema;  // the public ops' schemas, so a test calls each CUDA kernel as the op is called
+  m.def(kGqaDecodePartial, &dcp_ops::gqa_decode_partial_cuda);
+  m.def(kMlaDecodePartial, &dcp_ops::mla_decode_partial_cuda);
+  m.def(kMergePartials, &dcp_ops::merge_partials_cuda);
+  m.def(kCorrectPartial, &dcp_ops::correct_partial_cuda);
+  m.def(kPackExchange, &dcp_ops::pack_exchange_cuda);
+  m.def(kMergeExchange, &dcp_ops::merge_exchange_cuda);
+  m.def(kWriteKv, &dcp_ops::write_kv_cuda);
   m.def("warp_reduce(Tensor x) -> (Tensor, Tensor)", &warp_reduce);
   m.def("transpose32(Tensor x) -> Tensor", &transpose32);
   m.def("histogram(Tensor x, int bins) -> Tensor", &histogram);
