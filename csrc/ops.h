@@ -16,12 +16,12 @@ struct DecodeDims {
   int64_t T, Hq, Hkv, Dk, Dv, num_blocks, block_size, max_blocks;
 };
 
-// Numerics of the decode ops on 16-bit caches (DESIGN.md §2): kNative feeds the tensor cores 16-bit operands (the
+// Numerics of the decode ops on 16-bit caches (docs/design.md §2): kNative feeds the tensor cores 16-bit operands (the
 // absorbed query and P rounded to the cache's type), kFp32 computes as if every product were fp32. fp32 caches, and
 // kernels without tensor cores, compute in fp32 under both.
 enum class Precision { kNative, kFp32 };
 Precision parse_precision(c10::string_view precision, const char* op);  // refuses any other value, naming it
-// The merges' nonfinite_lse (DESIGN.md §2): "empty" (false; NaN and +inf LSE are empty partials) or "propagate"
+// The merges' nonfinite_lse (docs/design.md §2): "empty" (false; NaN and +inf LSE are empty partials) or "propagate"
 // (true; they poison the row); any other value is refused by name.
 bool parse_nonfinite_lse(c10::string_view nonfinite_lse, const char* op);
 

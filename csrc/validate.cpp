@@ -22,7 +22,7 @@ bool parse_nonfinite_lse(c10::string_view nonfinite_lse, const char* op) {
 }
 
 // An output or cache written in place must not overlap itself (an expanded, stride-0 view would be written once per
-// alias); DESIGN.md §2.
+// alias); docs/design.md §2.
 static void check_no_internal_overlap(const Tensor& t, const char* op, const char* name) {
   TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
                     " is written in place and must not overlap itself (an expanded or stride-0 view), got strides ",

@@ -1,7 +1,7 @@
 """The main job: a real DCP decode run on N ranks, checked against unsharded float64 attention.
 
-Every rank builds the same unsharded paged cache, keeps only its shard (dcp_ops.shard_kv), and runs dcp_attention in
-every mode for a DeepSeek-V3-shaped MLA layer (128 heads, 512 + 64 latent, w_uk / w_uv) and a GQA layer. Each rank
+Every rank builds the same unsharded paged cache, keeps only its shard (dcp_ops.Placement.shard), and runs dcp_attention
+in every mode for a DeepSeek-V3-shaped MLA layer (128 heads, 512 + 64 latent, w_uk / w_uv) and a GQA layer. Each rank
 checks its heads against the float64 reference over the *unsharded* cache; rank 0 prints the table.
 --device cpu: N CPU processes over gloo. --device cuda: one process per GPU over NCCL (the shard, queries and
 weights move to the rank's GPU; the reference stays on the CPU). Both run the same code below.
@@ -99,15 +99,16 @@ def _worker(rank, world, init_file, args, results):
     rows = []
     for layer in _layers(args, world, dtype):
         seq_lens = torch.tensor(layer["lens"], dtype=torch.int32)
-        local = dcp_ops.local_seq_lens(seq_lens, world, rank, args.interleave).to(dev)
-        shards = [dcp_ops.shard_kv(c, layer["table"], seq_lens, world, args.interleave, fill=NAN)[rank].to(dev)
-                  for c in layer["cache"]]
+        place = dcp_ops.Placement(world, rank, layer["cache"][0].shape[1], args.interleave)
+        local = place.local_seq_lens(seq_lens).to(dev)
+        shards = [place.shard(c, layer["table"], seq_lens, fill=NAN).to(dev) for c in layer["cache"]]
         table = layer["table"].to(dev)
         if layer["kind"] == "gqa":
-            shard = dcp_ops.GQAShard(shards[0], shards[1], table, local, layer["scale"])
+            shard = dcp_ops.GQAShard(shards[0], shards[1], table, local, layer["scale"], placement=place)
         else:
             w_uk, w_uv = (w.to(dev) if w is not None else None for w in (layer["w_uk"], layer["w_uv"]))
-            shard = dcp_ops.MLAShard(shards[0], table, local, layer["scale"], layer["rope"], w_uk, w_uv)
+            shard = dcp_ops.MLAShard(shards[0], table, local, layer["scale"], layer["rope"], w_uk, w_uv,
+                                     placement=place)
         H = layer["q"].shape[1]
         h_loc = H // world
         mine = slice(rank * h_loc, (rank + 1) * h_loc)

@@ -1,4 +1,4 @@
-"""dcp_attention: one DCP decode step over a torch.distributed group (DESIGN.md §1, §5).
+"""dcp_attention: one DCP decode step over a torch.distributed group (docs/design.md §1, §5).
 
 Steps: gather queries over heads (rank-major; skipped when q_replicated), partial attention over this rank's KV
 shard, then the exchange of `mode`: "a2a" (one all_to_all of packed output+LSE, fp32 merge), "ag_rs" (vLLM's:
@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops
+from .layout import Placement
 
 Tensor = torch.Tensor
 MODES = ("a2a", "ag_rs", "ag")
@@ -25,12 +26,14 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 @dataclass
 class GQAShard:
     """This rank's GQA KV shard: k_cache, v_cache [num_blocks, block_size, H_kv, D]; block_table [B, max_blocks]
-    int32 (the same on every rank); seq_lens [B] int32, this rank's local lengths; softmax scale."""
+    int32 (the same on every rank); seq_lens [B] int32, this rank's local lengths; softmax scale. placement: the
+    Placement the cache was written with (optional): dcp_attention then refuses a group or cache it does not match."""
     k_cache: Tensor
     v_cache: Tensor
     block_table: Tensor
     seq_lens: Tensor
     scale: float
+    placement: Optional[Placement] = None
 
 
 @dataclass
@@ -44,6 +47,7 @@ class MLAShard:
     rope_dim: int = 64
     w_uk: Optional[Tensor] = None
     w_uv: Optional[Tensor] = None
+    placement: Optional[Placement] = None  # as GQAShard's
 
 
 class Workspace:
@@ -60,6 +64,23 @@ class Workspace:
         if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype or buf.device != device:
             buf = self._bufs[name] = torch.empty(tuple(shape), dtype=dtype, device=device)
         return buf
+
+
+def _check_placement(shard, world_size: int, rank: int) -> None:
+    """A shard that carries its Placement must be used in the group, at the rank and with the cache it was written
+    for: a mismatch would attend the wrong tokens without any other error."""
+    p = getattr(shard, "placement", None)
+    if p is None:
+        return
+    if not isinstance(p, Placement):
+        raise TypeError(f"dcp_attention: shard.placement must be a dcp_ops.Placement or None, got {type(p).__name__}")
+    if (p.world_size, p.rank) != (world_size, rank):
+        raise ValueError(f"dcp_attention: shard.placement is for rank {p.rank} of {p.world_size}, but this is rank "
+                         f"{rank} of a group of {world_size}")
+    cache = shard.k_cache if isinstance(shard, GQAShard) else shard.kv_cache
+    if cache.dim() >= 2 and cache.shape[1] != p.block_size:
+        raise ValueError(f"dcp_attention: shard.placement has block_size {p.block_size}, but the cache's is "
+                         f"{cache.shape[1]}")
 
 
 def _check_workspace(op: str, workspace) -> None:
@@ -123,10 +144,12 @@ def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[d
         raise ValueError(f"dcp_attention: q must be a 3-D tensor [T, H, D], got "
                          f"{tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__}")
     n = dist.get_world_size(group)
+    _check_placement(shard, n, dist.get_rank(group))
     ws = workspace if workspace is not None else Workspace()
     if q_replicated:
-        if q.shape[1] % n:
-            raise ValueError(f"dcp_attention: with q_replicated, q's heads ({q.shape[1]}) must divide into {n} ranks")
+        if mode != "ag" and q.shape[1] % n:  # "ag" returns every head: nothing is split across ranks
+            raise ValueError(f"dcp_attention: with q_replicated and mode {mode!r}, q's heads ({q.shape[1]}) must "
+                             f"divide into {n} ranks (mode 'ag' takes any count)")
         q_all = q
     else:
         q_all = gather_heads(q, group, ws)
@@ -165,8 +188,8 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     ws = workspace if workspace is not None else Workspace()
     T, H, D = out.shape
-    if H % n:
-        raise ValueError(f"merge_across: heads ({H}) must divide into {n} ranks")
+    if mode != "ag" and H % n:
+        raise ValueError(f"merge_across: heads ({H}) must divide into {n} ranks for mode {mode!r}")
     h_loc = H // n
     if mode == "a2a":
         send = ops.pack_exchange(out, lse, n, send=ws.get("a2a_send", (n, T, h_loc, D + ops.exchange_pad(out.dtype)),
@@ -179,7 +202,7 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
         lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
         _all_gather(lses, lse, group)
         # The reduce-scatter does the merge's sum, so it gets fp32 terms (rescaled in fp32) and sums in fp32, as every
-        # mode does (DESIGN.md §2); a bf16 / fp16 sum rounded at each rank's term gave 1.6-4.6x the error of a
+        # mode does (docs/design.md §2); a bf16 / fp16 sum rounded at each rank's term gave 1.6-4.6x the error of a
         # same-precision merge at 4-8 ranks. `out` is still rescaled in place, rounded to its dtype.
         fp32 = out.dtype == torch.float32
         part = out if fp32 else ws.get("rs_part", (T, H, D), torch.float32, out.device).copy_(out)

@@ -1,4 +1,4 @@
-"""KV placement across a DCP group (vLLM-compatible, DESIGN.md §3). Int tensors in, int tensors out, vectorised.
+"""KV placement across a DCP group (vLLM-compatible, docs/design.md §3). Int tensors in, int32 tensors out.
 
 Interleave size I, group size N, rank r, global position p:
   owner(p)              = (p // I) % N
@@ -6,13 +6,24 @@ Interleave size I, group size N, rank r, global position p:
   local length(L, r)    = (L // (N*I)) * I + clamp(L % (N*I) - r*I, 0, I)
   slot(p) on the owner  = block_table[req, p // (block_size*N)] * block_size + j % block_size   (-1 elsewhere)
 Local token j of a request lives at block block_table[req, j // block_size], offset j % block_size, on every rank.
+
+`Placement` holds one rank's (N, r, block_size, I) and answers all of these; the free functions are the same
+formulas with the numbers passed each time. The per-step helpers (owner_rank, local_index, local_seq_lens,
+local_causal_lens, slot_mapping) never read device data on the host: their value checks (negative positions,
+out-of-range rows and columns) run where the tensors are on the CPU and not under torch.compile, or everywhere with
+DCP_OPS_CHECK_VALUES=1; otherwise a token slot_mapping cannot place gets slot -1 (never written), so a decode step
+can be captured in a CUDA graph and compiled with fullgraph=True. shard_kv / unshard_kv are setup helpers and check
+always.
 """
 import numbers
-from typing import List, Sequence
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Union
 
 import torch
 
 Tensor = torch.Tensor
+_CHECK_ON_DEVICE = os.environ.get("DCP_OPS_CHECK_VALUES", "0") == "1"
 
 
 def _check_int(t: Tensor, fn: str, name: str) -> None:
@@ -37,18 +48,36 @@ def _check_group(fn: str, world_size: int, interleave: int, rank: int = 0) -> No
         raise ValueError(f"{fn}: rank must be in [0, world_size = {world_size}), got {rank}")
 
 
+def _check_block_size(fn: str, block_size: int, interleave: int) -> None:
+    _check_ints(fn, block_size=block_size)
+    if block_size < 1 or block_size % interleave:
+        raise ValueError(f"{fn}: interleave ({interleave}) must divide block_size ({block_size})")
+
+
+def _host_checks(*tensors: Tensor) -> bool:
+    """Whether value checks may read these tensors on the host (module docstring)."""
+    if torch.compiler.is_compiling():
+        return False
+    return _CHECK_ON_DEVICE or all(t.device.type == "cpu" for t in tensors)
+
+
 def _check_nonneg(t: Tensor, fn: str, name: str) -> None:
-    if t.numel() and int(t.min()) < 0:
+    if t.numel() and _host_checks(t) and int(t.min()) < 0:
         raise ValueError(f"{fn}: {name} must be >= 0, got min {int(t.min())}")
 
 
-# The two formulas on positions already checked (the helpers below check their arguments once, then use these).
+# The formulas on positions already checked (the helpers below check their arguments once, then use these).
 def _owner(positions: Tensor, world_size: int, interleave: int) -> Tensor:
     return (positions // interleave) % world_size
 
 
 def _local_index(positions: Tensor, world_size: int, interleave: int) -> Tensor:
     return (positions // (world_size * interleave)) * interleave + positions % interleave
+
+
+def _local_len(lengths: Tensor, world_size: int, rank: int, interleave: int) -> Tensor:
+    span = world_size * interleave
+    return ((lengths // span) * interleave + (lengths % span - rank * interleave).clamp(0, interleave)).to(torch.int32)
 
 
 def _check_positions(positions: Tensor, fn: str, world_size: int, interleave: int) -> None:
@@ -58,69 +87,82 @@ def _check_positions(positions: Tensor, fn: str, world_size: int, interleave: in
 
 
 def owner_rank(positions: Tensor, world_size: int, interleave: int = 1) -> Tensor:
-    """Rank owning each global position: (p // I) % N. Same shape and dtype as positions."""
+    """Rank owning each global position: (p // I) % N. Same shape as positions, int32."""
     _check_positions(positions, "owner_rank", world_size, interleave)
-    return _owner(positions, world_size, interleave)
+    return _owner(positions, world_size, interleave).to(torch.int32)
 
 
 def local_index(positions: Tensor, world_size: int, interleave: int = 1) -> Tensor:
-    """Index of each global position among its owner's tokens: (p // (N*I)) * I + p % I."""
+    """Index of each global position among its owner's tokens: (p // (N*I)) * I + p % I, int32."""
     _check_positions(positions, "local_index", world_size, interleave)
-    return _local_index(positions, world_size, interleave)
+    return _local_index(positions, world_size, interleave).to(torch.int32)
 
 
 def local_seq_lens(seq_lens: Tensor, world_size: int, rank: int, interleave: int = 1) -> Tensor:
-    """This rank's number of tokens for each global length: (L // (N*I)) * I + clamp(L % (N*I) - r*I, 0, I)."""
+    """This rank's number of tokens for each global length: (L // (N*I)) * I + clamp(L % (N*I) - r*I, 0, I), int32."""
     _check_int(seq_lens, "local_seq_lens", "seq_lens")
     _check_group("local_seq_lens", world_size, interleave, rank)
     _check_nonneg(seq_lens, "local_seq_lens", "seq_lens")
-    span = world_size * interleave
-    return (seq_lens // span) * interleave + (seq_lens % span - rank * interleave).clamp(0, interleave)
+    return _local_len(seq_lens, world_size, rank, interleave)
+
+
+def local_causal_lens(positions: Tensor, world_size: int, rank: int, interleave: int = 1) -> Tensor:
+    """For query tokens at global positions `positions` [T]: the number of this rank's tokens at positions <= p, the
+    keys each attends under causal multi-token decode (docs/design.md §6), int32. Equal to local_seq_lens(p + 1)."""
+    _check_int(positions, "local_causal_lens", "positions")
+    _check_group("local_causal_lens", world_size, interleave, rank)
+    _check_nonneg(positions, "local_causal_lens", "positions")
+    return _local_len(positions + 1, world_size, rank, interleave)
 
 
 def slot_mapping(block_table: Tensor, seq_ids: Tensor, positions: Tensor, block_size: int, world_size: int,
                  rank: int, interleave: int = 1) -> Tensor:
-    """Flat cache slot of each new token on this rank, -1 where another rank owns it.
+    """Flat cache slot of each new token on this rank, -1 where another rank owns it; int32.
 
     block_table [B, max_blocks] (the same on every rank); seq_ids [T] block-table row of each token; positions [T]
-    global position of each token. Returns [T] in block_table's dtype. A token whose block-table entry is negative
-    (padding) is refused, never mapped to a slot.
+    global position of each token. A token whose row or block-table column is out of range, or whose block id is
+    negative (padding), is refused when the value checks run (module docstring); otherwise it gets -1 and is never
+    written.
     """
     fn = "slot_mapping"
     _check_int(block_table, fn, "block_table")
     _check_int(seq_ids, fn, "seq_ids")
     _check_int(positions, fn, "positions")
     _check_group(fn, world_size, interleave, rank)
-    _check_ints(fn, block_size=block_size)
+    _check_block_size(fn, block_size, interleave)
     if block_table.dim() != 2:
         raise ValueError(f"{fn}: block_table must be 2-D [B, max_blocks], got shape {tuple(block_table.shape)}")
     if seq_ids.shape != positions.shape or seq_ids.dim() != 1:
         raise ValueError(f"{fn}: seq_ids and positions must both be [T], got {tuple(seq_ids.shape)} and "
                          f"{tuple(positions.shape)}")
-    if block_size < 1 or block_size % interleave:
-        raise ValueError(f"{fn}: interleave ({interleave}) must divide block_size ({block_size})")
     for name, t in (("seq_ids", seq_ids), ("positions", positions)):
         if t.device != block_table.device:
             raise ValueError(f"{fn}: {name} must be on block_table's device {block_table.device}, got {t.device}")
-    _check_nonneg(positions, fn, "positions")
+    B, max_blocks = block_table.shape
     col = positions // (block_size * world_size)  # block-table column (virtual block) of each token
-    if seq_ids.numel():
+    if seq_ids.numel() and _host_checks(block_table, seq_ids, positions):
+        _check_nonneg(positions, fn, "positions")
         lo, hi = int(seq_ids.min()), int(seq_ids.max())
-        if lo < 0 or hi >= block_table.shape[0]:
-            raise ValueError(f"{fn}: seq_ids must be in [0, B = {block_table.shape[0]}), got range [{lo}, {hi}]")
+        if lo < 0 or hi >= B:
+            raise ValueError(f"{fn}: seq_ids must be in [0, B = {B}), got range [{lo}, {hi}]")
         need = int(col.max())
-        if need >= block_table.shape[1]:
+        if need >= max_blocks:
             raise ValueError(f"{fn}: position {int(positions.max())} needs block-table column {need}, but "
-                             f"block_table has {block_table.shape[1]} columns")
-    vblock = block_table[seq_ids.long(), col.long()]
-    if vblock.numel() and int(vblock.min()) < 0:  # uncovered token (at block size 1 its slot would be a silent -1)
-        t = int(torch.nonzero(vblock < 0)[0, 0])
-        raise ValueError(f"{fn}: block_table[{int(seq_ids[t])}, {int(col[t])}] = {int(vblock[t])} is the block of "
-                         f"token {t} (position {int(positions[t])}); block ids must be >= 0")
+                             f"block_table has {max_blocks} columns")
+        vblock = block_table[seq_ids.long(), col.long()]
+        if int(vblock.min()) < 0:  # uncovered token (at block size 1 its slot would be a silent -1)
+            t = int(torch.nonzero(vblock < 0)[0, 0])
+            raise ValueError(f"{fn}: block_table[{int(seq_ids[t])}, {int(col[t])}] = {int(vblock[t])} is the block "
+                             f"of token {t} (position {int(positions[t])}); block ids must be >= 0")
+        placed = torch.ones_like(positions, dtype=torch.bool)
+    else:  # no host read: clamp the gather, then give a token that cannot be placed slot -1
+        inside = (seq_ids >= 0) & (seq_ids < B) & (positions >= 0) & (col < max_blocks)
+        vblock = block_table[seq_ids.clamp(0, max(B - 1, 0)).long(), col.clamp(0, max(max_blocks - 1, 0)).long()]
+        placed = inside & (vblock >= 0)
     j = _local_index(positions, world_size, interleave)
-    slots = vblock.to(positions.dtype) * block_size + j % block_size
-    mine = _owner(positions, world_size, interleave) == rank
-    return torch.where(mine, slots, torch.full_like(slots, -1)).to(block_table.dtype)
+    slots = vblock.to(torch.int64) * block_size + j % block_size
+    mine = placed & (_owner(positions, world_size, interleave) == rank)
+    return torch.where(mine, slots, torch.full_like(slots, -1)).to(torch.int32)
 
 
 def _token_index(block_table: Tensor, seq_lens: Tensor, fn: str):
@@ -165,22 +207,26 @@ def _placements(cache: Tensor, block_table: Tensor, seq_lens: Tensor, world_size
 
 
 def shard_kv(cache: Tensor, block_table: Tensor, seq_lens: Tensor, world_size: int, interleave: int = 1,
-             fill: float = 0.0) -> List[Tensor]:
+             fill: float = 0.0, rank: Optional[int] = None) -> Union[List[Tensor], Tensor]:
     """Splits an unsharded paged cache [num_blocks, block_size, *E] into the N per-rank caches (same shape).
 
     block_table [B, max_blocks] and seq_lens [B] (global lengths) describe the unsharded cache; the same block table
-    addresses every shard (DESIGN.md §3). Slots a shard does not use hold `fill` (NaN makes stray reads loud).
+    addresses every shard (docs/design.md §3). Slots a shard does not use hold `fill` (NaN makes stray reads loud).
+    With rank=r, builds and returns rank r's shard only (one cache's memory, not N). For tests and hand-offs of a
+    cache that exists unsharded; engines write prefill KV straight to its owners with slot_mapping + write_kv.
     """
     fn = "shard_kv"
     _check_cache(cache, block_table, fn, "cache")
+    if rank is not None:
+        _check_group(fn, world_size, interleave, rank)
     src, owner, dst = _placements(cache, block_table, seq_lens, world_size, interleave, fn)
     shards = []
-    for r in range(world_size):
+    for r in range(world_size) if rank is None else (rank,):
         shard = torch.full_like(cache, fill)
         m = owner == r
         shard[dst[0][m], dst[1][m]] = cache[src[0][m], src[1][m]]
         shards.append(shard)
-    return shards
+    return shards if rank is None else shards[0]
 
 
 def unshard_kv(shards: Sequence[Tensor], block_table: Tensor, seq_lens: Tensor, interleave: int = 1,
@@ -196,3 +242,50 @@ def unshard_kv(shards: Sequence[Tensor], block_table: Tensor, seq_lens: Tensor, 
         m = owner == r
         cache[src[0][m], src[1][m]] = shard[dst[0][m], dst[1][m]]
     return cache
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One rank's KV placement in its DCP group (docs/design.md §3): the single source of the group size, the rank,
+    the cache's block size and the interleave, so that slots, local lengths and shards cannot disagree.
+
+    An engine makes one per rank (a shard may carry it: dcp_attention then refuses a group it does not match) and
+    drives each step from it: slot_mapping for the step's new tokens (write_kv), local_seq_lens for the decode
+    lengths, local_causal_lens for multi-token decode. None of the per-step methods reads device data on the host.
+    """
+    world_size: int
+    rank: int
+    block_size: int
+    interleave: int = 1
+
+    def __post_init__(self):
+        _check_group("Placement", self.world_size, self.interleave, self.rank)
+        _check_block_size("Placement", self.block_size, self.interleave)
+
+    def owner(self, positions: Tensor) -> Tensor:
+        """The rank owning each global position (int32)."""
+        return owner_rank(positions, self.world_size, self.interleave)
+
+    def local_index(self, positions: Tensor) -> Tensor:
+        """Each global position's index among its owner's tokens (int32)."""
+        return local_index(positions, self.world_size, self.interleave)
+
+    def local_seq_lens(self, seq_lens: Tensor) -> Tensor:
+        """This rank's token count for each global length (int32): the decode ops' seq_lens."""
+        return local_seq_lens(seq_lens, self.world_size, self.rank, self.interleave)
+
+    def local_causal_lens(self, positions: Tensor) -> Tensor:
+        """This rank's token count at global positions <= p for each query position p (int32)."""
+        return local_causal_lens(positions, self.world_size, self.rank, self.interleave)
+
+    def slot_mapping(self, block_table: Tensor, seq_ids: Tensor, positions: Tensor) -> Tensor:
+        """This rank's flat cache slot of each new token, -1 where another rank owns it (int32): write_kv's."""
+        return slot_mapping(block_table, seq_ids, positions, self.block_size, self.world_size, self.rank,
+                            self.interleave)
+
+    def shard(self, cache: Tensor, block_table: Tensor, seq_lens: Tensor, fill: float = 0.0) -> Tensor:
+        """This rank's shard of an unsharded paged cache (shard_kv with rank=self.rank)."""
+        if cache.dim() < 3 or cache.shape[1] != self.block_size:
+            raise ValueError(f"Placement.shard: cache must be [num_blocks, block_size = {self.block_size}, *E], got "
+                             f"shape {tuple(cache.shape)}")
+        return shard_kv(cache, block_table, seq_lens, self.world_size, self.interleave, fill, rank=self.rank)

@@ -1,6 +1,6 @@
 """Typed wrappers of the native ops (torch.ops.dcp_ops.*), with shapes in the docstrings, and their fake kernels.
 
-Conventions (DESIGN.md §2): LSE is fp32 natural log [T, H]; an empty shard gives lse = -inf and out = 0; merges
+Conventions (docs/design.md §2): LSE is fp32 natural log [T, H]; an empty shard gives lse = -inf and out = 0; merges
 accumulate in fp32; block tables, seq lens and slots are int32.
 
 Non-finite values: in the decode ops a NaN score (a NaN in an attended query, key or w_uk element) makes its row's out
@@ -9,11 +9,11 @@ and lse NaN, as the float64 reference does; a +inf score makes out NaN and lse +
 convention for LSE from other kernels) reads NaN and +inf LSE as empty partials; "propagate" (what dcp_attention
 uses on our own partials) lets a NaN LSE make the merged row NaN, and a +inf one its LSE +inf and output NaN.
 
-precision (the decode ops, DESIGN.md §2): "native" (default) computes what FlashMLA, FlashInfer and vLLM compute on
+precision (the decode ops, docs/design.md §2): "native" (default) computes what FlashMLA, FlashInfer and vLLM compute on
 16-bit caches: 16-bit operands into the tensor cores (the absorbed MLA query and the probabilities P rounded to the
-cache's type), fp32 accumulation, fp32 softmax statistics and row sums. "fp32" gives results as if every product
-were fp32 (split 16-bit terms on the tensor cores). fp32 caches compute in fp32 either way, and the CPU kernels are
-exact under both.
+cache's type), fp32 accumulation, fp32 softmax statistics and row sums. "fp32" gives results as if every product were
+fp32 (split 16-bit terms on the tensor cores). fp32 caches compute in fp32 either way, and the CPU kernels are exact
+under both.
 """
 import math
 import numbers

@@ -2,7 +2,7 @@
 
 Written for reading, not speed. Each function returns float64 results (LSE natural log) and never mutates inputs.
 The decode references take round_to=None (exact) or a 16-bit dtype: then they are the same-precision reference of
-precision="native" (DESIGN.md §7): float64 arithmetic with the absorbed MLA query rounded to that dtype after w_uk,
+precision="native" (docs/design.md §7): float64 arithmetic with the absorbed MLA query rounded to that dtype after w_uk,
 P = exp(s - max) rounded to it before P.V (the row sums and LSE from the unrounded P), and the output rounded once.
 """
 import math
@@ -133,7 +133,7 @@ def write_kv(cache, new, slot_mapping):
     return out
 
 
-# KV placement, one position at a time, straight from the formulas in DESIGN.md §3.
+# KV placement, one position at a time, straight from the formulas in docs/design.md §3.
 def owner_rank(p: int, world_size: int, interleave: int = 1) -> int:
     return (p // interleave) % world_size
 

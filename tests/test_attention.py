@@ -353,7 +353,7 @@ def test_fp32_mla16_cache_on_tile_kernels(absorb, block_size):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cpu_kernels_are_exact_under_both_precisions(dtype):
-    """The CPU kernels compute exactly under precision "native" and "fp32" alike (DESIGN.md §2): the same results,
+    """The CPU kernels compute exactly under precision "native" and "fp32" alike (docs/design.md §2): the same results,
     within the fp32 rows of the table."""
     gen = torch.Generator().manual_seed(9)
     lens = [70, 0, 5]

@@ -95,7 +95,8 @@ def test_demo_on_gpu_ranks_over_nccl(capsys):
 
 
 def test_dcp_attention_step_replays_in_a_cuda_graph(tmp_path):
-    # DESIGN §5: no host synchronisation inside a step, buffers from a Workspace, so a step can be graph-captured.
+    # docs/design.md §5: no host synchronisation inside a step, buffers from a Workspace, so a step can be
+    # graph-captured.
     import torch.distributed as dist
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

@@ -100,8 +100,8 @@ def test_dcp_attention_matches_unsharded(world, split):
 
 
 def _low_precision_worker(rank, world, init_file):
-    """bf16 / fp16 in every mode: the merge accumulates in fp32 (DESIGN.md §2), so the result is within 2x of the
-    same-precision baseline: partials rounded to the dtype, merged exactly, rounded once (DESIGN.md §7)."""
+    """bf16 / fp16 in every mode: the merge accumulates in fp32 (docs/design.md §2), so the result is within 2x of the
+    same-precision baseline: partials rounded to the dtype, merged exactly, rounded once (docs/design.md §7)."""
     init_gloo(rank, world, init_file)
     gen = torch.Generator().manual_seed(11)
     lens = torch.tensor([300, 0, 77, 513], dtype=torch.int32)

@@ -1,5 +1,5 @@
 """A derandomized fuzz of malformed and non-finite inputs to every op, on the CPU kernels and on the CUDA sources
-under the SIMT executor (DESIGN.md §7). Each case runs in a child process, so that a crash (a signal) or a hang
+under the SIMT executor (docs/design.md §7). Each case runs in a child process, so that a crash (a signal) or a hang
 fails that case and names it, rather than killing the run. A case passes when the op returns, or raises a
 ValueError / TypeError / RuntimeError / IndexError whose message names the op (and so the argument, as every
 refusal here is written)."""
@@ -127,7 +127,8 @@ def cases(draw):
     elif op == "pack_exchange":
         N, T, hl, D = draw(st.integers(0, 3)), draw(st.integers(0, 2)), draw(st.integers(0, 2)), draw(st.integers(0, 9))
         pad = 16 // torch.empty((), dtype=dtype).element_size()
-        args = [torch.randn(T, N * hl, D).to(dtype), torch.randn(T, N * hl), torch.empty(N, T, hl, D + pad, dtype=dtype)]
+        args = [torch.randn(T, N * hl, D).to(dtype), torch.randn(T, N * hl),
+                torch.empty(N, T, hl, D + pad, dtype=dtype)]
     elif op == "merge_exchange":
         N, T, hl, D = draw(st.integers(0, 3)), draw(st.integers(0, 2)), draw(st.integers(0, 2)), draw(st.integers(0, 9))
         pad = 16 // torch.empty((), dtype=dtype).element_size()

@@ -1,4 +1,4 @@
-"""KV placement helpers against the scalar formulas of DESIGN.md §3 (dcp_ops.reference), and shard/unshard."""
+"""KV placement helpers against the scalar formulas of docs/design.md §3 (dcp_ops.reference), and shard/unshard."""
 import pytest
 import torch
 from hypothesis import given
@@ -16,13 +16,13 @@ def test_owner_and_local_lengths_match_formulas(group, lens, dtype):
     N, I = group
     positions = torch.arange(max(lens) + 1, dtype=dtype)
     owners = dcp_ops.owner_rank(positions, N, I)
-    assert owners.dtype == dtype
+    assert owners.dtype == torch.int32  # every helper returns int32, what the ops take (docs/design.md §2)
     assert owners.tolist() == [ref.owner_rank(p, N, I) for p in positions.tolist()]
     seq_lens = torch.tensor(lens, dtype=dtype)
     total = torch.zeros_like(seq_lens)
     for r in range(N):
         local = dcp_ops.local_seq_lens(seq_lens, N, r, I)
-        assert local.dtype == dtype
+        assert local.dtype == torch.int32
         assert local.tolist() == [ref.local_seq_len(n, N, r, I) for n in lens]
         total += local
     assert torch.equal(total, seq_lens)

@@ -1,4 +1,4 @@
-"""The non-finite contract (DESIGN.md §2) on every op, on the CPU kernels and on the CUDA sources under the SIMT
+"""The non-finite contract (docs/design.md §2) on every op, on the CPU kernels and on the CUDA sources under the SIMT
 executor, against the float64 reference: a NaN score poisons its row (out and lse NaN); a -inf score is a token of
 weight 0, and a row of only -inf scores is empty (lse -inf, out 0); a +inf score gives what the reference gives (lse
 +inf, out NaN). The merges read NaN and +inf LSE as empty partials by default and let them through with

@@ -129,7 +129,7 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
 
 
 def test_sass_budget_of_the_native_mla_kernel(compiled):
-    """DESIGN.md §8's static targets, read as bench/gpu/sass_budget.py reads them: the sm_90a bf16 512 + 64 native
+    """docs/design.md §8's static targets, read as bench/gpu/sass_budget.py reads them: the sm_90a bf16 512 + 64 native
     MLA split pass at most 1.05x the minimum HMMA per (KV token x query head) and 2.5 warp instructions per one."""
     arch, _, cubin = compiled
     if arch != "sm_90a":

@@ -320,7 +320,7 @@ def test_decode_cuda_sources_refuse_more_query_tokens_than_a_grid_holds(simt_ops
 @pytest.mark.parametrize("heads", [1, 5, 16, 128])
 @pytest.mark.parametrize("absorb,up", [(False, False), (True, True)])
 def test_mla_decode_cuda_source_precisions_at_the_design_shapes(simt_ops, heads, absorb, up, precision):
-    # DESIGN.md §7's MLA shapes for both precisions: 512 + 64, lengths 0, 1 and not multiples of 16 or 64
+    # docs/design.md §7's MLA shapes for both precisions: 512 + 64, lengths 0, 1 and not multiples of 16 or 64
     args = _mla_case([0, 1, 37, 130], heads, 512, 64, absorb, up, 16, torch.bfloat16,
                      torch.Generator().manual_seed(heads + absorb))
     out, lse = simt_ops.mla_decode_partial(*args, precision=precision)

@@ -102,7 +102,7 @@ def _worker(rank, world, init_file):
                                        msg=lambda m: f"{fn.__name__} base_e={base_e}: {m}")
             torch.testing.assert_close(lse.double(), total[:, heads], rtol=1e-6, atol=1e-5)
             # bf16 / fp16 partials: the merge's sum is fp32 in every adapter, so the result is within 2x of the
-            # exact merge of the same partials rounded once (DESIGN.md §2, §7).
+            # exact merge of the same partials rounded once (docs/design.md §2, §7).
             for dtype in (torch.bfloat16, torch.float16):
                 low = outs.to(dtype)
                 lw, lo, _ = formula(low, lses, base)

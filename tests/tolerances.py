@@ -1,6 +1,6 @@
 """The one tolerance table for every comparison with the float64 reference (dcp_ops/reference.py).
 
-fp32: 1e-5 relative (DESIGN.md §7). bf16: rtol 2^-8, the largest relative error of rounding the exact result to
+fp32: 1e-5 relative (docs/design.md §7). bf16: rtol 2^-8, the largest relative error of rounding the exact result to
 bf16 (half its machine epsilon), so a kernel must round an accurate fp32 result once. fp16: rtol 2^-10, twice
 fp16's largest rounding error (its machine epsilon). Each adds a small atol for results near 0. Every
 same-precision computation rounds at least once, so both are at least as strict as "within 2x of a same-precision
@@ -37,7 +37,7 @@ def assert_lse_matches(actual: torch.Tensor, expected: torch.Tensor, what: str) 
 def assert_within_baseline(actual: torch.Tensor, expected: torch.Tensor, baseline: torch.Tensor, what: str) -> None:
     """For pipelines that round to bf16/fp16 more than once (partials, then the merge): the worst error against the
     float64 expected may be at most twice that of `baseline`, the same pipeline computed exactly and rounded at the
-    same points (a same-precision computation, DESIGN.md §7)."""
+    same points (a same-precision computation, docs/design.md §7)."""
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     assert not torch.isnan(actual).any(), f"{what}: NaN in the result"
     err = (actual.double() - expected.double()).abs().max().item() if actual.numel() else 0.0
@@ -55,7 +55,7 @@ def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def assert_native(out: torch.Tensor, lse: torch.Tensor, exact, native, what: str) -> None:
     """precision="native": (out, lse) against the float64 exact (out, lse), bounded by the same-precision `native`
-    reference's errors (DESIGN.md §7). NaN never passes."""
+    reference's errors (docs/design.md §7). NaN never passes."""
     assert out.shape == exact[0].shape and lse.shape == exact[1].shape, f"{what}: shapes {out.shape}, {lse.shape}"
     assert lse.dtype == torch.float32, f"{what}: lse dtype {lse.dtype}, expected float32"
     assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{what}: NaN in the result"

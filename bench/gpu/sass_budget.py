@@ -4,8 +4,8 @@ For each instantiation of gqa_mma_kernel, mla_mma_kernel and mla_tiled_kernel in
 loop (the loop with the most HMMA; its static body, which the full-tile path runs once per iteration), its
 instructions, HMMA, other instructions per HMMA, shared loads (LDS / LDSM), barriers, inner loops, the registers and
 local memory (spills) from `cuobjdump -res-usage`, and, with the (KV token x query head) pairs one CTA iteration covers,
-warp instructions and HMMA per token-head next to the minimum ((D_k + D_v) MACs / 2048 per m16n8k16). DESIGN.md §8's
-static targets are for sm_90a, bf16, precision "native", MLA 512 + 64.
+warp instructions and HMMA per token-head next to the minimum ((D_k + D_v) MACs / 2048 per m16n8k16).
+docs/design.md §8's static targets are for sm_90a, bf16, precision "native", MLA 512 + 64.
 
     python bench/gpu/sass_budget.py [--lib PATH] [--arch sm_90a] [--json PATH]
 """
@@ -29,7 +29,8 @@ BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
 def cuobjdump() -> str:
     """cuobjdump from the CUDA toolkit, or the copy inside the triton package that torch installs."""
     import importlib.util
-    cands = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump"), shutil.which("cuobjdump")]
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    cands = [os.path.join(home, "bin", "cuobjdump"), shutil.which("cuobjdump")]
     spec = importlib.util.find_spec("triton")
     if spec is not None and spec.origin:
         cands.append(os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "cuobjdump"))

@@ -88,7 +88,7 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor&
   stage_rows(q, scale * kLog2e, q32.data(), d.Dk, 0);
   Tensor out = at::empty({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = at::empty({d.T, d.Hq}, q.options().dtype(at::kFloat));
-  if (d.T == 0 || d.Hq == 0) return {out, lse};  // nothing to compute (DESIGN.md §2: zero-size dims never crash)
+  if (d.T == 0 || d.Hq == 0) return {out, lse};  // nothing to compute (docs/design.md §2: zero-size dims never crash)
   cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
   p.q_mult = static_cast<float>(scale * kLog2e);
   p.q_exact_bf16 = q.scalar_type() == at::kBFloat16;

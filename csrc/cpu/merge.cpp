@@ -18,7 +18,7 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 using fVec = at::vec::Vectorized<float>;
 
-// An LSE in natural log as the merges read it (DESIGN.md §2): -inf is an empty partial; from other kernels
+// An LSE in natural log as the merges read it (docs/design.md §2): -inf is an empty partial; from other kernels
 // (propagate = false) NaN and +inf are empty too; from ours (propagate = true) they stay, and poison the row.
 inline float read_lse(float x, float ln_base, bool propagate) {
   const float v = x * ln_base;

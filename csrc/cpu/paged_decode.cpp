@@ -643,7 +643,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       const int64_t t = th / p.Hq, h = th % p.Hq;
       auto idx = [&](int64_t sp) { return (t * nsplit + sp) * p.Hq + h; };
       // A NaN score made its split's m NaN (at::vec::maximum keeps NaN), a +inf one its m +inf: the row is NaN, or
-      // NaN with LSE +inf, as in the float64 reference; only -inf scores or none: an empty row (DESIGN.md §2).
+      // NaN with LSE +inf, as in the float64 reference; only -inf scores or none: an empty row (docs/design.md §2).
       float mx = kNegInf;
       bool nan = false;
       for (int64_t sp = 0; sp < nsplit; ++sp) {

@@ -1,9 +1,10 @@
 // Merge family (torch-free; raw pointers and element strides): merge of N normalised partials by their LSE,
 // vLLM's in-place correction, and the a2a exchange's pack.
 //   out[t,h,:] = sum_r exp(lse_r - L) * outs[r,t,h,:],  L = logsumexp_r lse_r
-// Non-finite LSE (DESIGN.md §2): -inf is an empty partial (weight 0). With propagate = false (LSE from other kernels,
-// vLLM's convention) NaN and +inf count as -inf too. With propagate = true (our own partials, which mark empty ones
-// with -inf) a NaN LSE makes the row's L and output NaN, and a +inf one (a +inf score) makes L +inf and the output NaN.
+// Non-finite LSE (docs/design.md §2): -inf is an empty partial (weight 0). With propagate = false (LSE from other
+// kernels, vLLM's convention) NaN and +inf count as -inf too. With propagate = true (our own partials, which mark empty
+// ones with -inf) a NaN LSE makes the row's L and output NaN, and a +inf one (a +inf score) makes L +inf and the output
+// NaN.
 #pragma once
 
 #include "kernels/common.cuh"

@@ -31,7 +31,7 @@ __device__ __forceinline__ void lane_columns(const float* src, int sl, float* ds
     for (int e = 0; e < VEC; ++e) dst[c * VEC + e] = src[(c * LANES + sl) * VEC + e];
 }
 
-// Non-finite scores in every split pass (DESIGN.md §2): the running max m is taken by fmaxf, which skips a NaN
+// Non-finite scores in every split pass (docs/design.md §2): the running max m is taken by fmaxf, which skips a NaN
 // score; the exponentials are taken against m, or 0 while m is -inf, so a -inf score adds 0 even as a row's first
 // (exp2(-inf - -inf) would be NaN); a NaN score makes the row's sum l NaN, and a +inf one makes m +inf (and l NaN).
 // finish_row then reads the row's state.
