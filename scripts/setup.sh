@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time (and incremental) setup on a fresh machine: a virtualenv in .venv with torch 2.14.1, numpy (without it
-# torch warns on every import), the test tools, and dcp_ops._C built in place (CUDA sources too when nvcc is found;
-# see setup.py for the switches).
+# torch warns on every import), the test tools, transformers (examples/hf_generate.py and its tests), and dcp_ops._C
+# built in place (CUDA sources too when nvcc is found; see setup.py for the switches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,7 +12,8 @@ read -r free_kb mount < <(df -Pk . | awk 'NR == 2 { print $4, $6 }')
 if ! .venv/bin/python -c 'import torch' 2>/dev/null && [ "${free_kb:-0}" -lt $((8 * 1024 * 1024)) ]; then
   echo "setup.sh: warning: $((free_kb / 1024)) MB free on $mount; installing torch 2.14.1 needs about 8 GB" >&2
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.14.1 numpy pytest hypothesis ninja setuptools
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.14.1 numpy pytest hypothesis ninja setuptools \
+  transformers==5.25.0
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
 .venv/bin/python setup.py -q build_ext --inplace
 .venv/bin/python -c "import dcp_ops, torch; print('dcp_ops', dcp_ops.__version__, 'built; CPU ISA', dcp_ops._C.cpu_isa, '; CUDA kernels', bool(dcp_ops._C.with_cuda), '; torch', torch.__version__)"

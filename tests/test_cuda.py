@@ -125,3 +125,14 @@ def test_dcp_attention_step_replays_in_a_cuda_graph(tmp_path):
             assert_matches(out.cpu(), want, torch.bfloat16, f"graph replay, mode {mode}")
     finally:
         dist.destroy_process_group()
+
+
+def test_hf_generate_on_gpu_ranks_over_nccl(capsys):
+    pytest.importorskip("transformers")
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    import hf_generate
+    world = 2 if torch.cuda.device_count() >= 2 else 1
+    assert hf_generate.main(["--device", "cuda", "--world", str(world), "--steps", "4"]) == 0
+    assert "GPU ranks (NCCL)" in capsys.readouterr().out
