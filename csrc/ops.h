@@ -25,6 +25,13 @@ Precision parse_precision(c10::string_view precision, const char* op);  // refus
 // (true; they poison the row); any other value is refused by name.
 bool parse_nonfinite_lse(c10::string_view nonfinite_lse, const char* op);
 
+// Multi-token decode (docs/design.md §6): with cu_seqlens_q [B + 1], query token t belongs to block-table row b with
+// cu[b] <= t < cu[b + 1]; returns the block table with one row per query token, gathered on its device with no host
+// read, which the kernels then take as in plain decode (seq_lens [T] holds each query's causal length). Without
+// cu_seqlens_q, block_table itself. cu_seqlens_q's values are checked where it is on the CPU.
+Tensor query_block_table(const Tensor& block_table, const std::optional<Tensor>& cu_seqlens_q, const Tensor& q,
+                         const char* op);
+
 // Validation (csrc/validate.cpp): dtypes, ranks, shapes, devices and strides; no tensor values are read.
 DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
                         const Tensor& seq_lens, double scale);
@@ -41,11 +48,13 @@ int64_t exchange_pad(at::ScalarType dtype);  // elements after D in a packed a2a
 // CPU kernels (csrc/cpu/*.cpp).
 std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
-                                                  c10::string_view precision);
+                                                  c10::string_view precision,
+                                                  const std::optional<Tensor>& cu_seqlens_q);
 std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                   const std::optional<Tensor>& w_uk,
-                                                  const std::optional<Tensor>& w_uv, c10::string_view precision);
+                                                  const std::optional<Tensor>& w_uv, c10::string_view precision,
+                                                  const std::optional<Tensor>& cu_seqlens_q);
 std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& lses, double lse_base,
                                               c10::string_view nonfinite_lse);
 Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double lse_base,
@@ -57,11 +66,13 @@ void write_kv_cpu(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mappin
 // CUDA launchers (csrc/cuda/*.cu; also built for the SIMT executor in tests/simt).
 std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                                    const Tensor& block_table, const Tensor& seq_lens, double scale,
-                                                   c10::string_view precision);
+                                                   c10::string_view precision,
+                                                   const std::optional<Tensor>& cu_seqlens_q);
 std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
                                                    const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                    const std::optional<Tensor>& w_uk,
-                                                   const std::optional<Tensor>& w_uv, c10::string_view precision);
+                                                   const std::optional<Tensor>& w_uv, c10::string_view precision,
+                                                   const std::optional<Tensor>& cu_seqlens_q);
 std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor& lses, double lse_base,
                                                c10::string_view nonfinite_lse);
 Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, double lse_base,

@@ -1,4 +1,5 @@
 // Shape, dtype, device and stride validation shared by the CPU and CUDA implementations of every op.
+#include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 
 #include <cmath>
@@ -19,6 +20,31 @@ bool parse_nonfinite_lse(c10::string_view nonfinite_lse, const char* op) {
   if (nonfinite_lse == "propagate") return true;
   TORCH_CHECK_VALUE(false, op, ": nonfinite_lse must be \"empty\" or \"propagate\", got \"", std::string(nonfinite_lse),
                     "\"");
+}
+
+Tensor query_block_table(const Tensor& block_table, const std::optional<Tensor>& cu_seqlens_q, const Tensor& q,
+                         const char* op) {
+  if (!cu_seqlens_q.has_value()) return block_table;
+  const Tensor& cu = *cu_seqlens_q;
+  check_dim(block_table, 2, op, "block_table", "[B, max_blocks]");
+  check_dim(cu, 1, op, "cu_seqlens_q", "[B + 1]");
+  check_dtype(cu, at::kInt, op, "cu_seqlens_q");
+  check_same_device(cu, block_table, op, "cu_seqlens_q", "block_table");
+  check_contiguous(cu, op, "cu_seqlens_q");
+  const int64_t B = block_table.size(0), T = q.dim() > 0 ? q.size(0) : 0;
+  check_size(cu, 0, B + 1, op, "cu_seqlens_q", "B + 1, one more than block_table's rows");
+  if (cu.device().is_cpu()) {
+    const int32_t* c = cu.data_ptr<int32_t>();
+    DCP_CHECK(c[0] == 0, op, "cu_seqlens_q[0] must be 0, got ", c[0]);
+    for (int64_t b = 0; b < B; ++b)
+      DCP_CHECK(c[b + 1] >= c[b], op, "cu_seqlens_q must be non-decreasing, got cu_seqlens_q[", b + 1, "] = ",
+                c[b + 1], " < cu_seqlens_q[", b, "] = ", c[b]);
+    DCP_CHECK(c[B] == T, op, "cu_seqlens_q[B = ", B, "] must be the number of query tokens T = ", T, ", got ", c[B]);
+  }
+  if (B == 0 || T == 0) return block_table.new_empty({T, block_table.size(1)});
+  const Tensor token = at::arange(T, cu.options());
+  const Tensor row = at::searchsorted(cu.slice(0, 1), token, /*out_int32=*/true, /*right=*/true).clamp_max(B - 1);
+  return block_table.index_select(0, row);
 }
 
 // An output or cache written in place must not overlap itself (an expanded, stride-0 view would be written once per

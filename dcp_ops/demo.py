@@ -51,6 +51,14 @@ def _layers(args, world, dtype):
     layers.append(dict(name="MLA 128h w_uk+w_uv", kind="mla", cache=(kv,), table=table, lens=lens,
                        q=torch.cat([q_nope, q_pe], -1), w_uk=w_uk, w_uv=w_uv, scale=(d_nope + rope) ** -0.5,
                        rope=rope, d_out=d_v, row_bytes=(latent + rope) * kv.element_size()))
+    # MTP: the same layer verifying 2 tokens per sequence (the cache holds them; positions L - 2 and L - 1), each
+    # attending the keys up to its own position on every rank (multi-token decode, docs/design.md §6)
+    positions = torch.tensor([p for n in lens for p in (n - 2, n - 1)])
+    q_mtp = torch.cat([torch.randn(2 * B, H, d_nope, generator=gen), torch.randn(2 * B, H, rope, generator=gen)], -1)
+    layers.append(dict(name="MLA 128h MTP 2 tok", kind="mla", cache=(kv,), table=table, lens=lens,
+                       q=q_mtp.to(dtype), w_uk=w_uk, w_uv=w_uv, scale=(d_nope + rope) ** -0.5, rope=rope, d_out=d_v,
+                       row_bytes=(latent + rope) * kv.element_size(), positions=positions,
+                       cu=torch.arange(0, 2 * B + 1, 2, dtype=torch.int32)))
     q_lat = torch.randn(B, H, latent, generator=gen).to(dtype)
     layers.append(dict(name="MLA 128h latent", kind="mla", cache=(kv,), table=table, lens=lens,
                        q=torch.cat([q_lat, q_pe], -1), w_uk=None, w_uv=None, scale=(d_nope + rope) ** -0.5,
@@ -65,17 +73,21 @@ def _layers(args, world, dtype):
 
 
 def _reference(layer, heads):
-    """float64 unsharded attention for the given heads."""
+    """float64 unsharded attention for the given heads (causal over the query positions in a multi-token layer)."""
     seq_lens = torch.tensor(layer["lens"], dtype=torch.int32)
+    cu = layer.get("cu")
+    if cu is not None:
+        seq_lens = (layer["positions"] + 1).int()
     if layer["kind"] == "gqa":  # all heads (the head -> KV head map needs them all), then this rank's slice
-        return ref.gqa_decode_partial(layer["q"], *layer["cache"], layer["table"], seq_lens, layer["scale"])[0][:, heads]
+        return ref.gqa_decode_partial(layer["q"], *layer["cache"], layer["table"], seq_lens, layer["scale"],
+                                      cu_seqlens_q=cu)[0][:, heads]
     q = layer["q"][:, heads]
     rope = layer["rope"]
     w_uk = layer["w_uk"][heads] if layer["w_uk"] is not None else None
     w_uv = layer["w_uv"][heads] if layer["w_uv"] is not None else None
     split = q.shape[-1] - rope
     return ref.mla_decode_partial(q[..., :split], q[..., split:], layer["cache"][0], layer["table"], seq_lens,
-                                  layer["scale"], w_uk, w_uv)[0]
+                                  layer["scale"], w_uk, w_uv, cu_seqlens_q=cu)[0]
 
 
 def _backend(args, rank):
@@ -100,14 +112,16 @@ def _worker(rank, world, init_file, args, results):
     for layer in _layers(args, world, dtype):
         seq_lens = torch.tensor(layer["lens"], dtype=torch.int32)
         place = dcp_ops.Placement(world, rank, layer["cache"][0].shape[1], args.interleave)
-        local = place.local_seq_lens(seq_lens).to(dev)
+        cu = layer.get("cu")
+        local = (place.local_causal_lens(layer["positions"]) if cu is not None else place.local_seq_lens(seq_lens))
+        local, cu = local.to(dev), cu.to(dev) if cu is not None else None
         shards = [place.shard(c, layer["table"], seq_lens, fill=NAN).to(dev) for c in layer["cache"]]
         table = layer["table"].to(dev)
         if layer["kind"] == "gqa":
-            shard = dcp_ops.GQAShard(shards[0], shards[1], table, local, layer["scale"], placement=place)
+            shard = dcp_ops.GQAShard(shards[0], shards[1], table, local, layer["scale"], cu, placement=place)
         else:
             w_uk, w_uv = (w.to(dev) if w is not None else None for w in (layer["w_uk"], layer["w_uv"]))
-            shard = dcp_ops.MLAShard(shards[0], table, local, layer["scale"], layer["rope"], w_uk, w_uv,
+            shard = dcp_ops.MLAShard(shards[0], table, local, layer["scale"], layer["rope"], w_uk, w_uv, cu,
                                      placement=place)
         H = layer["q"].shape[1]
         h_loc = H // world
@@ -131,8 +145,8 @@ def _worker(rank, world, init_file, args, results):
             tmed = torch.tensor([statistics.median(times)], device=dev)
             dist.all_reduce(tmed, op=dist.ReduceOp.MAX)
             full_kv = sum(layer["lens"]) * layer["row_bytes"]
-            kv_rank = int(local.sum()) * layer["row_bytes"]
-            sent = dcp_ops.exchange_bytes(mode, len(layer["lens"]), H, layer["d_out"], world, dtype,
+            kv_rank = int(place.local_seq_lens(seq_lens).sum()) * layer["row_bytes"]
+            sent = dcp_ops.exchange_bytes(mode, layer["q"].shape[0], H, layer["d_out"], world, dtype,
                                           q_dim=layer["q"].shape[-1])
             rows.append((layer["name"], mode, worst.item(), kv_rank, full_kv, sent, tmed.item()))
     if rank == 0:

@@ -33,6 +33,7 @@ class GQAShard:
     block_table: Tensor
     seq_lens: Tensor
     scale: float
+    cu_seqlens_q: Optional[Tensor] = None  # multi-token decode: [B + 1] int32, seq_lens then [T] (docs/design.md §6)
     placement: Optional[Placement] = None
 
 
@@ -47,6 +48,7 @@ class MLAShard:
     rope_dim: int = 64
     w_uk: Optional[Tensor] = None
     w_uv: Optional[Tensor] = None
+    cu_seqlens_q: Optional[Tensor] = None  # as GQAShard's
     placement: Optional[Placement] = None  # as GQAShard's
 
 
@@ -96,7 +98,7 @@ def _all_gather(out: Tensor, inp: Tensor, group) -> None:
 def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard], precision: str) -> Tuple[Tensor, Tensor]:
     if isinstance(shard, GQAShard):
         return ops.gqa_decode_partial(q_all, shard.k_cache, shard.v_cache, shard.block_table, shard.seq_lens,
-                                      shard.scale, precision=precision)
+                                      shard.scale, precision=precision, cu_seqlens_q=shard.cu_seqlens_q)
     if isinstance(shard, MLAShard):
         rope = shard.rope_dim
         if not 0 <= rope < q_all.shape[-1]:
@@ -104,7 +106,8 @@ def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard], precision: str) ->
                              f"got {rope}")
         split = q_all.shape[-1] - rope  # rope last; rope_dim 0 leaves an empty q_pe
         return ops.mla_decode_partial(q_all[..., :split], q_all[..., split:], shard.kv_cache, shard.block_table,
-                                      shard.seq_lens, shard.scale, shard.w_uk, shard.w_uv, precision=precision)
+                                      shard.seq_lens, shard.scale, shard.w_uk, shard.w_uv, precision=precision,
+                                      cu_seqlens_q=shard.cu_seqlens_q)
     raise TypeError(f"dcp_attention: shard must be a GQAShard or MLAShard, got {type(shard).__name__}")
 
 
@@ -132,7 +135,7 @@ def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[d
     """One DCP decode attention step.
 
     q: [T, H_loc, D] (GQA) or [T, H_loc, D_q + rope_dim] (MLA, rope last; D_q = D_nope with w_uk, else D_latent),
-    this rank's heads; with q_replicated=True, q already holds all N * H_loc heads. Returns out [T, H_loc, D_out]
+    this rank's heads, T query tokens (T = B, or several per sequence with the shard's cu_seqlens_q); with q_replicated=True, q already holds all N * H_loc heads. Returns out [T, H_loc, D_out]
     (all heads [T, H, D_out] for mode="ag"), and lse [T, H_loc] (or [T, H]) fp32 natural log when return_lse.
     precision: the decode op's numerics, "native" (default) or "fp32" (dcp_ops.ops).
     """

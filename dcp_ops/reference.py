@@ -40,10 +40,22 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float,
     return torch.where(total == 0, torch.zeros_like(out), out), torch.logsumexp(s, -1)
 
 
-def gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, scale, round_to=None):
+def query_rows(block_table: Tensor, cu_seqlens_q: Optional[Tensor], T: int) -> Tensor:
+    """Multi-token decode: the block-table row of each of the T query tokens (query tokens cu[b] .. cu[b+1]-1 are row
+    b's); without cu_seqlens_q, token t is row t."""
+    if cu_seqlens_q is None:
+        return block_table
+    rows = [b for b in range(block_table.shape[0]) for _ in range(int(cu_seqlens_q[b + 1] - cu_seqlens_q[b]))]
+    assert len(rows) == T, "cu_seqlens_q must end at T"
+    return block_table[torch.tensor(rows, dtype=torch.long)] if rows else block_table[:0]
+
+
+def gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, scale, round_to=None, cu_seqlens_q=None):
     """(out [T, H_q, D], lse [T, H_q]) float64; query head h reads KV head h // (H_q / H_kv). round_to: the
-    module docstring."""
+    module docstring. cu_seqlens_q: multi-token decode (query_rows); query t attends this rank's first seq_lens[t]
+    tokens of its row, which is causal attention when seq_lens = local_causal_lens of the query positions."""
     T, Hq, _ = q.shape
+    block_table = query_rows(block_table, cu_seqlens_q, T)
     group = Hq // k_cache.shape[2]
     out = torch.zeros(T, Hq, v_cache.shape[-1], dtype=torch.float64, device=q.device)
     lse = torch.zeros(T, Hq, dtype=torch.float64, device=q.device)
@@ -55,10 +67,12 @@ def gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, scale, round_
     return _round(out, round_to), lse
 
 
-def mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk=None, w_uv=None, round_to=None):
+def mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk=None, w_uv=None, round_to=None,
+                       cu_seqlens_q=None):
     """(out [T, H, D_latent or D_v], lse [T, H]) float64. Keys: whole cache rows; values: the latent part.
-    round_to: the module docstring."""
+    round_to: the module docstring; cu_seqlens_q: as gqa_decode_partial's."""
     T, H, _ = q_nope.shape
+    block_table = query_rows(block_table, cu_seqlens_q, T)
     latent = kv_cache.shape[-1] - q_pe.shape[-1]
     q_lat = q_nope.double()
     if w_uk is not None:
@@ -145,6 +159,11 @@ def local_index(p: int, world_size: int, interleave: int = 1) -> int:
 def local_seq_len(length: int, world_size: int, rank: int, interleave: int = 1) -> int:
     """Counts the positions below `length` that `rank` owns."""
     return sum(1 for p in range(length) if owner_rank(p, world_size, interleave) == rank)
+
+
+def local_causal_len(position: int, world_size: int, rank: int, interleave: int = 1) -> int:
+    """Counts the positions <= `position` that `rank` owns: the keys a query at `position` attends there."""
+    return local_seq_len(position + 1, world_size, rank, interleave)
 
 
 def slot(block_table_row: List[int], p: int, block_size: int, world_size: int, rank: int,

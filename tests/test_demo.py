@@ -14,7 +14,8 @@ def test_demo_runs_on_cpu_ranks_and_checks_itself(capsys):
     text = capsys.readouterr().out
     assert "DCP decode on 2 CPU ranks (gloo)" in text and "all modes agree with unsharded attention" in text
     rows = [line for line in text.splitlines() if line.startswith(("MLA", "GQA"))]
-    assert len(rows) == 9  # three layers x three modes
+    assert len(rows) == 12  # four layers (MTP included) x three modes
+    assert sum("MTP 2 tok" in row for row in rows) == 3
     for row in rows:
         err = re.search(r" (\d\.\d\de[-+]\d+) ", row)  # the max |err| column
         assert err is not None and float(err.group(1)) <= 2e-5, row

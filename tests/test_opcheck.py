@@ -54,10 +54,11 @@ def test_compiled_merge_matches_eager():
 
 SCHEMAS = {
     "gqa_decode_partial": "dcp_ops::gqa_decode_partial(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
-                          "Tensor seq_lens, float scale, *, str precision=\"native\") -> (Tensor out, Tensor lse)",
+                          "Tensor seq_lens, float scale, *, str precision=\"native\", Tensor? cu_seqlens_q=None) -> "
+                          "(Tensor out, Tensor lse)",
     "mla_decode_partial": "dcp_ops::mla_decode_partial(Tensor q_nope, Tensor q_pe, Tensor kv_cache, Tensor block_table, "
                           "Tensor seq_lens, float scale, Tensor? w_uk=None, Tensor? w_uv=None, *, "
-                          "str precision=\"native\") -> (Tensor out, Tensor lse)",
+                          "str precision=\"native\", Tensor? cu_seqlens_q=None) -> (Tensor out, Tensor lse)",
     "merge_partials": "dcp_ops::merge_partials(Tensor outs, Tensor lses, float lse_base=2.7182818284590451, "
                       "str nonfinite_lse=\"empty\") -> (Tensor out, Tensor lse)",
     "correct_partial": "dcp_ops::correct_partial(Tensor(a!) out, Tensor lses, int rank, "

@@ -79,8 +79,10 @@ void per_head_matmul(const float* x, int64_t xs0, int64_t xs1, int64_t T, const 
 }  // namespace
 
 std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                                  const Tensor& block_table, const Tensor& seq_lens, double scale,
-                                                  c10::string_view precision) {
+                                                  const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
+                                                  c10::string_view precision,
+                                                  const std::optional<Tensor>& cu_seqlens_q) {
+  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, q, "gqa_decode_partial");
   parse_precision(precision, "gqa_decode_partial");  // exact under both: it passes the native bound too
   const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table, seq_lens, scale);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "gqa_decode_partial");
@@ -105,9 +107,11 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor&
 }
 
 std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
-                                                  const Tensor& block_table, const Tensor& seq_lens, double scale,
+                                                  const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
                                                   const std::optional<Tensor>& w_uk,
-                                                  const std::optional<Tensor>& w_uv, c10::string_view precision) {
+                                                  const std::optional<Tensor>& w_uv, c10::string_view precision,
+                                                  const std::optional<Tensor>& cu_seqlens_q) {
+  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, q_nope, "mla_decode_partial");
   parse_precision(precision, "mla_decode_partial");  // exact under both: it passes the native bound too
   const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "mla_decode_partial");

@@ -8,8 +8,10 @@
 namespace dcp_ops {
 
 std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
-                                                   c10::string_view precision) {
+                                                   const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
+                                                   c10::string_view precision,
+                                                   const std::optional<Tensor>& cu_seqlens_q) {
+  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, q, "gqa_decode_partial");
   const bool native = parse_precision(precision, "gqa_decode_partial") == Precision::kNative;
   const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table, seq_lens, scale);
   DCP_CUDA_GUARD(q);
@@ -34,11 +36,12 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
                        static_cast<int>(splits), static_cast<int>(per_split),
                        static_cast<float>(scale * 1.4426950408889634), part_o.data_ptr<float>(),
                        part_lse.data_ptr<float>()};
+  // the splits' LSE are ours (empty splits are -inf): propagate, so that a NaN one poisons its row
   const kernels::MergeParams m{part_o.data_ptr(), d.T * d.Hq * d.Dv, d.Hq * d.Dv, d.Dv,
                                {part_lse.data_ptr<float>(), d.T * d.Hq, d.Hq, 1},
                                out.data_ptr(), d.Hq * d.Dv, d.Dv, lse.data_ptr<float>(), d.Hq, 1,
                                static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
-                               static_cast<int>(d.Dv), 1.f, /*propagate=*/true};  // the splits' LSE are ours: a NaN one poisons the row
+                               static_cast<int>(d.Dv), 1.f, /*propagate=*/true};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q.scalar_type(), "gqa_decode_partial", [&] {
     cudaError_t e = kernels::gqa_split_pass<scalar_t>(p, current_stream(), has_mma_sync(), native);
     return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());

@@ -43,9 +43,11 @@ KvSplits tiled_splits(int64_t T, int64_t H, int64_t max_blocks, int64_t block_si
 }  // namespace
 
 std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
-                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
+                                                   const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
                                                    const std::optional<Tensor>& w_uk,
-                                                   const std::optional<Tensor>& w_uv, c10::string_view precision) {
+                                                   const std::optional<Tensor>& w_uv, c10::string_view precision,
+                                                   const std::optional<Tensor>& cu_seqlens_q) {
+  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, q_nope, "mla_decode_partial");
   const bool native = parse_precision(precision, "mla_decode_partial") == Precision::kNative;
   const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv);
   DCP_CUDA_GUARD(q_nope);
@@ -79,11 +81,12 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                              static_cast<int>(d.block_size), static_cast<int>(d.max_blocks),
                              static_cast<int>(splits), static_cast<int>(per_split), part_o.data_ptr<float>(),
                              part_lse.data_ptr<float>()};
+  // the splits' LSE are ours (empty splits are -inf): propagate, so that a NaN one poisons its row
   const kernels::MergeParams m{part_o.data_ptr(), d.T * d.Hq * latent, d.Hq * latent, latent,
                                {part_lse.data_ptr<float>(), d.T * d.Hq, d.Hq, 1},
                                merged.data_ptr(), d.Hq * latent, latent, lse.data_ptr<float>(), d.Hq, 1,
                                static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
-                               static_cast<int>(latent), 1.f, /*propagate=*/true};  // the splits' LSE are ours: a NaN one poisons the row
+                               static_cast<int>(latent), 1.f, /*propagate=*/true};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q_nope.scalar_type(), "mla_decode_partial", [&] {
     cudaError_t e = cudaSuccess;
     if (bn > 0) {  // the absorbed query rounded once to the cache's type, unscaled (the kernel scales the scores)

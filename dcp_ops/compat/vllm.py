@@ -92,7 +92,12 @@ def _merge(out: Tensor, lse: Tensor, cp_group, mode: str, return_lse: bool, is_l
 def get_dcp_local_seq_lens(seq_lens: Tensor, dcp_size: int = 1, dcp_rank: Optional[int] = None,
                            cp_kv_cache_interleave_size: int = 1) -> Tensor:
     """Local KV lengths, int32: [B] for dcp_rank, or [B, dcp_size] (every rank's) when dcp_rank is None; like vLLM,
-    a size-1 rank dim is squeezed."""
+    a size-1 rank dim is squeezed.
+
+    Multi-token decode (speculative decoding with DCP; vLLM's RFC defines no per-query form yet): a backend passes
+    the decode ops one length per query token, dcp_ops.local_causal_lens(positions, dcp_size, dcp_rank,
+    cp_kv_cache_interleave_size) of the query tokens' global positions (for a request of length L verifying k
+    tokens, positions L - k .. L - 1), with cu_seqlens_q = query_start_loc (docs/design.md §6)."""
     ranks = range(dcp_size) if dcp_rank is None else [dcp_rank]
     cols = [local_seq_lens(seq_lens.to(torch.int32), dcp_size, r, cp_kv_cache_interleave_size) for r in ranks]
     return torch.stack(cols, -1).squeeze(1)
