@@ -16,7 +16,8 @@ generated tokens are identical when DCP's argmax equals the model's at every ste
 mode: that verdict (or the first step where the argmax differs), the largest logit difference, the KV bytes per rank
 against an unsharded cache, and the time per step.
 
-    python -m dcp_ops generate [--world 2] [--mode all] [--dtype float32] [--steps 8] [--interleave 1] [--device cpu]
+    python -m dcp_ops generate [--world 2] [--mode all] [--dtype float32] [--steps 8] [--interleave 1]
+                               [--spec-tokens 0] [--device cpu]
 """
 import argparse
 import os
@@ -101,26 +102,27 @@ class DcpAttention:
             return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                           dropout=dropout, **kwargs)
         i = module.layer_idx
-        positions, seq_ids, lens = self.step
-        B, H = query.shape[:2]
-        if self.family == "llama":  # key / value: this step's token only (the model runs without its own cache)
-            self.write(i, positions, seq_ids, key[:, :, 0], value[:, :, 0])
-            shard = dcp_ops.GQAShard(*self.caches[i], self.table, lens, scaling, placement=self.placement)
+        positions, seq_ids, lens, cu = self.step  # S tokens per sequence: the step's token (and its drafts)
+        B, H, S = query.shape[:3]
+        flat = lambda x: x.transpose(1, 2).flatten(0, 1)  # noqa: E731  [B, heads, S, d] -> [B * S, heads, d]
+        if self.family == "llama":  # key / value: this step's tokens only (the model runs without its own cache)
+            self.write(i, positions, seq_ids, flat(key), flat(value))
+            shard = dcp_ops.GQAShard(*self.caches[i], self.table, lens, scaling, cu, placement=self.placement)
         else:  # the latent from kv_a_layernorm, the rotated k_pe from the expanded key's rope part
             nope = module.qk_nope_head_dim
-            row = torch.cat([self.latent[i][:, 0], key[:, 0, 0, nope:]], -1)
+            row = torch.cat([self.latent[i].flatten(0, 1), key[:, 0, :, nope:].flatten(0, 1)], -1)
             self.write(i, positions, seq_ids, row, None)
             shard = dcp_ops.MLAShard(self.caches[i][0], self.table, lens, scaling, module.qk_rope_head_dim,
-                                     *self.w[i], placement=self.placement)
+                                     *self.w[i], cu, placement=self.placement)
         n, r = dist.get_world_size(self.group), dist.get_rank(self.group)
         h_loc = H // n
-        q = query[:, r * h_loc:(r + 1) * h_loc, 0].contiguous()  # this rank's heads; dcp_attention gathers them
+        q = flat(query[:, r * h_loc:(r + 1) * h_loc]).contiguous()  # this rank's heads; dcp_attention gathers them
         out = dcp_ops.dcp_attention(q, shard, self.group, mode=self.mode)
         if self.mode != "ag":  # a replicated model needs every head: gather the ranks' slices, rank-major
             parts = [torch.empty_like(out) for _ in range(n)]
             dist.all_gather(parts, out, group=self.group)
             out = torch.cat(parts, 1)
-        return out[:, None], None  # [B, 1, H, D_v], as transformers' attention functions return
+        return out.view(B, S, H, -1), None  # [B, S, H, D_v], as transformers' attention functions return
 
 
 def _prompt_kv(model, family: str, cache) -> List[tuple]:
@@ -135,8 +137,11 @@ def _prompt_kv(model, family: str, cache) -> List[tuple]:
 
 
 def run(family: str, world: int, rank: int, group, mode: str, dtype: torch.dtype, steps: int, interleave: int,
-        batch: int = 3, prompt_len: int = 21, seed: int = 0, device: torch.device = torch.device("cpu")) -> dict:
-    """One rank's DCP decode of `steps` tokens, teacher-forced with the model's own greedy tokens."""
+        batch: int = 3, prompt_len: int = 21, seed: int = 0, device: torch.device = torch.device("cpu"),
+        spec: int = 0) -> dict:
+    """One rank's DCP decode of `steps` tokens, teacher-forced with the model's own greedy tokens. spec > 0: each
+    step verifies `spec` draft tokens (the model's own next tokens, so all accepted) with the step's token: multi-token
+    decode of 1 + spec queries per sequence, each causal by its global position."""
     import transformers
     model = build_model(family, dtype, seed).to(device)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -162,16 +167,20 @@ def run(family: str, world: int, rank: int, group, mode: str, dtype: torch.dtype
                        v_rows.flatten(0, 1) if v_rows is not None else None)
         attn.active = True
         logits, diverged, t0 = [pre.logits[:, -1].float()], None, time.perf_counter()
-        for s in range(1, steps):
-            pos = prompt_len + s - 1
-            attn.step = (torch.full((batch,), pos, device=device), torch.arange(batch, device=device),
-                         placement.local_seq_lens(torch.full((batch,), pos + 1, device=device)))
-            out = model(own_tokens[:, s - 1:s], position_ids=torch.full((batch, 1), pos, device=device),
-                        use_cache=False)
-            logits.append(out.logits[:, -1].float())
+        s, n_steps = 1, 0
+        while s < steps:  # inputs: own_tokens[s - 1 ..] at positions prompt_len + s - 1 .., predicting tokens s ..
+            S = min(1 + spec, steps - s)
+            pos = prompt_len + s - 1 + torch.arange(S, device=device)  # [S]
+            positions = pos.repeat(batch)  # sequence-major, as cu_seqlens_q counts them
+            attn.step = (positions, torch.arange(batch, device=device).repeat_interleave(S),
+                         placement.local_causal_lens(positions),
+                         torch.arange(0, batch * S + 1, S, dtype=torch.int32, device=device))
+            out = model(own_tokens[:, s - 1:s - 1 + S], position_ids=pos.expand(batch, S), use_cache=False)
+            logits.extend(out.logits[:, j].float() for j in range(S))
+            s, n_steps = s + S, n_steps + 1
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        per_step = (time.perf_counter() - t0) / max(steps - 1, 1)
+        per_step = (time.perf_counter() - t0) / max(n_steps, 1)
     ours = torch.stack(logits, 1).cpu()  # [B, steps, vocab]
     theirs = torch.stack([x.float() for x in own.logits], 1).cpu()
     own_tokens, prompt = own_tokens.cpu(), prompt.cpu()
@@ -196,7 +205,7 @@ def _worker(rank: int, world: int, init_file: str, args, results) -> None:
     for family in args.family:
         for mode in args.mode:
             res = run(family, world, rank, None, mode, getattr(torch, args.dtype), args.steps, args.interleave,
-                      device=device)
+                      device=device, spec=args.spec_tokens)
             if rank == 0:
                 results.append({k: v for k, v in res.items() if k not in ("logits", "tokens", "prompt")})
     dist.barrier()
@@ -212,6 +221,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--interleave", type=int, default=1, help="KV interleave; must divide the block size (16)")
+    p.add_argument("--spec-tokens", type=int, default=0,
+                   help="verify this many draft tokens per step (multi-token decode; the drafts are the model's own)")
     args = p.parse_args(argv)
     if args.world < 1 or 6 % args.world:
         p.error(f"--world must divide the models' 6 attention heads (1, 2, 3 or 6), got {args.world}")
@@ -219,6 +230,8 @@ def main(argv=None) -> int:
         p.error(f"--interleave must divide the block size {BLOCK_SIZE}, got {args.interleave}")
     if args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
+    if args.spec_tokens < 0:
+        p.error(f"--spec-tokens must be >= 0, got {args.spec_tokens}")
     if args.device == "cuda" and torch.cuda.device_count() < args.world:
         p.error(f"--device cuda needs one GPU per rank: {args.world} ranks, {torch.cuda.device_count()} GPUs visible")
     args.mode = MODES if args.mode == "all" else (args.mode,)
@@ -229,7 +242,8 @@ def main(argv=None) -> int:
         rows = list(results)
     where = "GPU ranks (NCCL)" if args.device == "cuda" else "CPU ranks (gloo)"
     print(f"Hugging Face models, every layer's attention through dcp_attention on {args.world} {where}, "
-          f"{args.dtype}, {args.steps} tokens, interleave {args.interleave}")
+          f"{args.dtype}, {args.steps} tokens, interleave {args.interleave}"
+          + (f", {args.spec_tokens} draft tokens verified per step" if args.spec_tokens else ""))
     print(f"{'model':12} {'mode':6} {'tokens':24} {'max |logit diff|':>16} {'KV/rank':>9} {'unsharded':>9} "
           f"{'ms/step':>8}")
     ok = True

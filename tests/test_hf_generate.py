@@ -24,6 +24,16 @@ def test_fp32_tokens_identical_to_generate_in_every_mode(world, interleave, caps
     assert all("identical to generate" in row for row in rows), rows
 
 
+@pytest.mark.parametrize("world,spec", [(2, 1), (3, 3)])
+def test_fp32_speculative_verification_is_causal_across_shards(world, spec, capsys):
+    """Each step verifies `spec` draft tokens with the step's token (multi-token decode): the draft queries see only
+    the keys up to their own positions on every rank, so the logits, and the tokens, are the model's own."""
+    assert hf_generate.main(["--world", str(world), "--interleave", "2", "--steps", "8", "--spec-tokens",
+                             str(spec)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(hf_generate.FAMILIES)]
+    assert len(rows) == 6 and all("identical to generate" in row for row in rows), rows
+
+
 def _bf16_worker(rank, world, init_file):
     init_gloo(rank, world, init_file)
     for family in hf_generate.FAMILIES:
@@ -54,6 +64,7 @@ def test_generate_rejects_bad_options(capsys):
     for argv, msg in ((["--world", "4"], "--world must divide the models' 6 attention heads"),
                       (["--interleave", "3"], "--interleave must divide the block size 16"),
                       (["--steps", "0"], "--steps must be >= 1"),
+                      (["--spec-tokens", "-1"], "--spec-tokens must be >= 0"),
                       (["--device", "cuda", "--world", "6"], "--device cuda needs one GPU per rank")):
         with pytest.raises(SystemExit):
             hf_generate.main(argv)
