@@ -4,7 +4,9 @@ Every rank builds the same unsharded paged cache, keeps only its shard (dcp_ops.
 in every mode for a DeepSeek-V3-shaped MLA layer (128 heads, 512 + 64 latent, w_uk / w_uv) and a GQA layer. Each rank
 checks its heads against the float64 reference over the *unsharded* cache; rank 0 prints the table.
 --device cpu: N CPU processes over gloo. --device cuda: one process per GPU over NCCL (the shard, queries and
-weights move to the rank's GPU; the reference stays on the CPU). Both run the same code below.
+weights move to the rank's GPU; the reference stays on the CPU). Both run the same code below. Launched by torchrun
+(or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), each process is one rank of the
+launcher's group (env://, multi-node included) instead of spawning its own.
 """
 import argparse
 import os
@@ -90,12 +92,17 @@ def _reference(layer, heads):
                                   layer["scale"], w_uk, w_uv, cu_seqlens_q=cu)[0]
 
 
-def _backend(args, rank):
+def _backend(args, local_rank):
     """(process-group backend, this rank's device)."""
     if args.device == "cuda":
-        torch.cuda.set_device(rank)
-        return "nccl", torch.device("cuda", rank)
+        torch.cuda.set_device(local_rank)
+        return "nccl", torch.device("cuda", local_rank)
     return "gloo", torch.device("cpu")
+
+
+def _launched() -> bool:
+    """Whether a launcher (torchrun, or any env:// launcher) started this process as one rank of a group."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def _sync(device):
@@ -104,9 +111,11 @@ def _sync(device):
 
 
 def _worker(rank, world, init_file, args, results):
+    """One rank: init_file names the file:// store of spawned ranks; None means a launcher's env:// variables."""
     torch.set_num_threads(max(1, args.threads))
-    backend, dev = _backend(args, rank)
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+    backend, dev = _backend(args, int(os.environ.get("LOCAL_RANK", rank)) if init_file is None else rank)
+    init = "env://" if init_file is None else f"file://{init_file}"
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     dtype = getattr(torch, args.dtype)
     rows = []
     for layer in _layers(args, world, dtype):
@@ -176,13 +185,19 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cpu: CPU ranks over gloo; cuda: one rank per GPU over NCCL")
     args = p.parse_args(argv)
+    launched = _launched()
+    if launched:  # torchrun (env://): this process is one rank; the launcher fixes the world size
+        world = int(os.environ["WORLD_SIZE"])
+        if args.world_size not in (None, world):
+            p.error(f"--world-size {args.world_size} differs from the launcher's WORLD_SIZE {world}")
+        args.world_size = world
     if args.device == "cuda":
         gpus = torch.cuda.device_count()
         if gpus == 0:
             p.error("--device cuda: no CUDA device is visible")
         if args.world_size is None:
             args.world_size = min(4, gpus)
-        if args.world_size > gpus:
+        if args.world_size > gpus and not launched:
             p.error(f"--device cuda runs one rank per GPU: --world-size {args.world_size} needs that many GPUs, "
                     f"{gpus} visible")
     elif args.world_size is None:
@@ -190,10 +205,18 @@ def main(argv=None):
     if args.world_size < 1 or MLA_HEADS % args.world_size:
         p.error(f"--world-size must divide the MLA layer's {MLA_HEADS} heads among the ranks, got {args.world_size}")
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
-        results = manager.list()
-        mp.spawn(_worker, args=(args.world_size, os.path.join(d, "store"), args, results), nprocs=args.world_size)
-        rows = list(results)
+    if launched:
+        rows = []
+        rank = int(os.environ["RANK"])
+        _worker(rank, args.world_size, None, args, rows)
+        if rank != 0:  # rank 0 prints the table (and carries the verdict: every rank checked its own heads)
+            return 0
+    else:
+        with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
+            results = manager.list()
+            mp.spawn(_worker, args=(args.world_size, os.path.join(d, "store"), args, results),
+                     nprocs=args.world_size)
+            rows = list(results)
     tol = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 4e-3}[args.dtype]
     where = "CPU ranks (gloo)" if args.device == "cpu" else "GPU ranks (NCCL)"
     print(f"DCP decode on {args.world_size} {where}, {args.dtype}, batch {args.batch}, context up to "

@@ -5,6 +5,7 @@ shard, then the exchange of `mode`: "a2a" (one all_to_all of packed output+LSE, 
 all-gather LSE, rescale own partial, reduce-scatter) or "ag" (all-gather outputs and LSE, merge locally). The same
 code runs over gloo (CPU) and NCCL (GPU); nothing in a step synchronises with the host.
 """
+import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple, Union
 
@@ -129,15 +130,58 @@ def exchange_bytes(mode: str, T: int, H: int, d_out: int, world_size: int, dtype
     return q + (n - 1) * T * H * (4 + d_out * es)
 
 
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+
+
+def _step_signature(q: Tensor, shard, n: int, mode: str, q_replicated: bool, precision: str):
+    """(field names, values) that every rank of a step must agree on, a fixed number of ints."""
+    gqa = isinstance(shard, GQAShard)
+    cache = shard.k_cache if gqa else shard.kv_cache
+    code = lambda dt: _DTYPES.index(dt) if dt in _DTYPES else -1  # noqa: E731
+    fields = {
+        "world_size": n, "mode": MODES.index(mode), "q_replicated": int(q_replicated),
+        "precision": ops.PRECISIONS.index(precision), "T (query tokens)": q.shape[0], "q heads": q.shape[1],
+        "q head dim": q.shape[2], "q dtype": code(q.dtype), "shard kind (0 GQA, 1 MLA)": int(not gqa),
+        "cache dtype": code(cache.dtype), "cache block_size": cache.shape[1] if cache.dim() > 1 else -1,
+        "cache row (H_kv * D, or D_latent + rope)": cache[0, 0].numel() if cache.dim() > 2 and cache.shape[0] else -1,
+        "rope_dim": -1 if gqa else shard.rope_dim, "w_uk given": int(not gqa and shard.w_uk is not None),
+        "w_uv given": int(not gqa and shard.w_uv is not None),
+        "cu_seqlens_q given": int(shard.cu_seqlens_q is not None),
+    }
+    return list(fields), list(fields.values())
+
+
+def _check_group(q: Tensor, shard, group, n: int, mode: str, q_replicated: bool, precision: str) -> None:
+    """All-gathers the step's signature and raises the same ValueError on every rank when the ranks disagree, naming
+    the field and each rank's value (check_group=True; one small collective and a host read)."""
+    names, values = _step_signature(q, shard, n, mode, q_replicated, precision)
+    mine = torch.tensor(values, dtype=torch.int64, device=q.device)
+    every = torch.empty((n, len(values)), dtype=torch.int64, device=q.device)
+    _all_gather(every, mine, group)
+    rows = every.cpu().tolist()
+    for j, name in enumerate(names):
+        col = [row[j] for row in rows]
+        if len(set(col)) > 1:
+            shown = {"mode": lambda v: repr(MODES[v]), "precision": lambda v: repr(ops.PRECISIONS[v]),
+                     "q dtype": lambda v: str(_DTYPES[v]) if v >= 0 else "other",
+                     "cache dtype": lambda v: str(_DTYPES[v]) if v >= 0 else "other"}.get(name, str)
+            raise ValueError(f"dcp_attention: the ranks of the group disagree on {name}: "
+                             + ", ".join(f"rank {r}: {shown(v)}" for r, v in enumerate(col)))
+
+
 def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[dist.ProcessGroup] = None, *,
                   mode: str = "a2a", q_replicated: bool = False, return_lse: bool = False,
-                  workspace: Optional[Workspace] = None, precision: str = "native"):
+                  workspace: Optional[Workspace] = None, precision: str = "native", check_group: bool = False):
     """One DCP decode attention step.
 
-    q: [T, H_loc, D] (GQA) or [T, H_loc, D_q + rope_dim] (MLA, rope last; D_q = D_nope with w_uk, else D_latent),
-    this rank's heads, T query tokens (T = B, or several per sequence with the shard's cu_seqlens_q); with q_replicated=True, q already holds all N * H_loc heads. Returns out [T, H_loc, D_out]
-    (all heads [T, H, D_out] for mode="ag"), and lse [T, H_loc] (or [T, H]) fp32 natural log when return_lse.
-    precision: the decode op's numerics, "native" (default) or "fp32" (dcp_ops.ops).
+    q: [T, H_loc, D] (GQA) or [T, H_loc, D_q + rope_dim] (MLA, rope last; D_q = D_nope with w_uk, else D_latent), this
+    rank's heads, T query tokens (T = B, or several per sequence with the shard's cu_seqlens_q); with q_replicated=True,
+    q already holds all N * H_loc heads. Returns out [T, H_loc, D_out] (all heads [T, H, D_out] for mode="ag"), and lse
+    [T, H_loc] (or [T, H]) fp32 natural log when return_lse.
+    precision: the decode op's numerics, "native" (default) or "fp32" (dcp_ops.ops). check_group=True (or
+    DCP_OPS_CHECK_GROUP=1) first checks that every rank runs the same step (shapes, dtypes, mode, cache layout) and
+    raises the same ValueError on every rank, naming what differs; off by default, as it costs a small collective and
+    a host sync. Without it, ranks that disagree fail inside the backend's collectives (gloo aborts a process).
     """
     if mode not in MODES:
         raise ValueError(f"dcp_attention: mode must be one of {MODES}, got {mode!r}")
@@ -147,6 +191,10 @@ def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[d
         raise ValueError(f"dcp_attention: q must be a 3-D tensor [T, H, D], got "
                          f"{tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__}")
     n = dist.get_world_size(group)
+    if not isinstance(shard, (GQAShard, MLAShard)):
+        raise TypeError(f"dcp_attention: shard must be a GQAShard or MLAShard, got {type(shard).__name__}")
+    if check_group or os.environ.get("DCP_OPS_CHECK_GROUP", "0") == "1":
+        _check_group(q, shard, group, n, mode, q_replicated, precision)
     _check_placement(shard, n, dist.get_rank(group))
     ws = workspace if workspace is not None else Workspace()
     if q_replicated:

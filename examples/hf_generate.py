@@ -194,14 +194,17 @@ def run(family: str, world: int, rank: int, group, mode: str, dtype: torch.dtype
                 prompt=prompt)
 
 
-def _worker(rank: int, world: int, init_file: str, args, results) -> None:
+def _worker(rank: int, world: int, init_file: Optional[str], args, results) -> None:
+    """One rank: init_file names the file:// store of spawned ranks; None means a launcher's env:// variables."""
     torch.set_num_threads(1)
     device = torch.device("cpu")
     if args.device == "cuda":
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method=f"file://{init_file}",
-                            rank=rank, world_size=world)
+        local = int(os.environ.get("LOCAL_RANK", rank)) if init_file is None else rank
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo",
+                            init_method="env://" if init_file is None else f"file://{init_file}", rank=rank,
+                            world_size=world)
     for family in args.family:
         for mode in args.mode:
             res = run(family, world, rank, None, mode, getattr(torch, args.dtype), args.steps, args.interleave,
@@ -224,6 +227,9 @@ def main(argv=None) -> int:
     p.add_argument("--spec-tokens", type=int, default=0,
                    help="verify this many draft tokens per step (multi-token decode; the drafts are the model's own)")
     args = p.parse_args(argv)
+    launched = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))  # torchrun
+    if launched:
+        args.world = int(os.environ["WORLD_SIZE"])
     if args.world < 1 or 6 % args.world:
         p.error(f"--world must divide the models' 6 attention heads (1, 2, 3 or 6), got {args.world}")
     if args.interleave < 1 or BLOCK_SIZE % args.interleave:
@@ -232,14 +238,20 @@ def main(argv=None) -> int:
         p.error(f"--steps must be >= 1, got {args.steps}")
     if args.spec_tokens < 0:
         p.error(f"--spec-tokens must be >= 0, got {args.spec_tokens}")
-    if args.device == "cuda" and torch.cuda.device_count() < args.world:
+    if args.device == "cuda" and torch.cuda.device_count() < args.world and not launched:
         p.error(f"--device cuda needs one GPU per rank: {args.world} ranks, {torch.cuda.device_count()} GPUs visible")
     args.mode = MODES if args.mode == "all" else (args.mode,)
     args.family = FAMILIES if args.family == "all" else (args.family,)
-    with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
-        results = manager.list()
-        mp.spawn(_worker, args=(args.world, os.path.join(d, "store"), args, results), nprocs=args.world)
-        rows = list(results)
+    if launched:  # this process is one rank of the launcher's group; rank 0 prints
+        rows = []
+        _worker(int(os.environ["RANK"]), args.world, None, args, rows)
+        if int(os.environ["RANK"]) != 0:
+            return 0
+    else:
+        with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
+            results = manager.list()
+            mp.spawn(_worker, args=(args.world, os.path.join(d, "store"), args, results), nprocs=args.world)
+            rows = list(results)
     where = "GPU ranks (NCCL)" if args.device == "cuda" else "CPU ranks (gloo)"
     print(f"Hugging Face models, every layer's attention through dcp_attention on {args.world} {where}, "
           f"{args.dtype}, {args.steps} tokens, interleave {args.interleave}"

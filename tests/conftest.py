@@ -61,6 +61,15 @@ def init_gloo(rank, world, init_file):
                                          timeout=datetime.timedelta(seconds=60))
 
 
+def spawn_ranks(worker, world, *args):
+    """Runs worker(rank, world, init_file, *args) in `world` spawned processes that share a fresh file:// store (the
+    worker joins with init_gloo); a rank's failure fails the caller with its traceback."""
+    import tempfile
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(worker, args=(world, os.path.join(d, "store"), *args), nprocs=world)
+
+
 @pytest.fixture(scope="session")
 def simt_ops():
     """torch.ops.dcp_ops_simt: the CUDA kernel sources built with the host compiler against csrc/simt/simt.h."""

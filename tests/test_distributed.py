@@ -2,16 +2,15 @@
 import dataclasses
 import math
 import os
-import tempfile
+import re
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import dcp_ops
 from dcp_ops import reference as ref
-from conftest import init_gloo
+from conftest import init_gloo, spawn_ranks
 from tolerances import assert_lse_matches, assert_matches, assert_within_baseline
 
 
@@ -95,8 +94,7 @@ def _worker(rank, world, init_file, split):
 
 @pytest.mark.parametrize("world,split", [(2, False), (3, False), (4, True), (6, True)])
 def test_dcp_attention_matches_unsharded(world, split):
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker, args=(world, os.path.join(d, "store"), split), nprocs=world)
+    spawn_ranks(_worker, world, split)
 
 
 def _low_precision_worker(rank, world, init_file):
@@ -139,8 +137,7 @@ def _low_precision_worker(rank, world, init_file):
 
 def test_dcp_attention_low_precision_merges_in_fp32():
     world = 5
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_low_precision_worker, args=(world, os.path.join(d, "store")), nprocs=world)
+    spawn_ranks(_low_precision_worker, world)
 
 
 def test_exchange_bytes_shrinks_with_w_uv():
@@ -183,5 +180,38 @@ def _nan_worker(rank, world, init_file):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_dcp_attention_propagates_a_nan(world):
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_nan_worker, args=(world, os.path.join(d, "store")), nprocs=world)
+    spawn_ranks(_nan_worker, world)
+
+
+def _mismatch_worker(rank, world, init_file):
+    """check_group=True: ranks that disagree on a step all raise the same ValueError naming the field and each rank's
+    value, with no abort and no hang; a consistent step passes the check and runs."""
+    init_gloo(rank, world, init_file)
+    c = _case(world, "gqa", False, 1, torch.Generator().manual_seed(5))
+    seq_lens = torch.tensor(c["lens"], dtype=torch.int32)
+    p = dcp_ops.Placement(world, rank, 8)
+    shard = dcp_ops.GQAShard(*(p.shard(x, c["table"], seq_lens) for x in c["caches"]), c["table"],
+                             p.local_seq_lens(seq_lens), c["scale"])
+    h_loc = c["q"].shape[1] // world
+    q = c["q"][:, rank * h_loc:(rank + 1) * h_loc].contiguous()
+    cases = [  # (what differs, this rank's q, mode, expected message)
+        ("T", q[:2] if rank == 1 else q, "a2a", "disagree on T (query tokens): rank 0: 3, rank 1: 2"),
+        ("mode", q, "ag" if rank == 1 else "a2a", "disagree on mode: rank 0: 'a2a', rank 1: 'ag'"),
+        ("dtype", q.double().float() if rank == 0 else q, "a2a", None),  # the same dtype: no error
+    ]
+    for what, q_r, mode, msg in cases:
+        if msg is None:
+            dcp_ops.dcp_attention(q_r, shard, mode=mode, check_group=True)
+            continue
+        with pytest.raises(ValueError, match=re.escape("dcp_attention: the ranks of the group " + msg)):
+            dcp_ops.dcp_attention(q_r, shard, mode=mode, check_group=True)
+    os.environ["DCP_OPS_CHECK_GROUP"] = "1"  # the environment switch does the same
+    with pytest.raises(ValueError, match="disagree on q_replicated"):
+        dcp_ops.dcp_attention(c["q"] if rank == 0 else q, shard, q_replicated=rank == 0)
+    del os.environ["DCP_OPS_CHECK_GROUP"]
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_group_that_disagrees_raises_the_same_named_error_on_every_rank():
+    spawn_ranks(_mismatch_worker, 2)

@@ -3,17 +3,15 @@ through dcp_attention on gloo ranks, against the model's own generate. fp32: the
 3, every mode, interleave 1 and 2. bf16: logits as close to the fp32 model's as the model's own bf16 run."""
 import os
 import sys
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 pytest.importorskip("transformers", reason="transformers is installed by scripts/setup.sh")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import hf_generate  # noqa: E402
-from conftest import init_gloo  # noqa: E402
+from conftest import init_gloo, spawn_ranks  # noqa: E402
 
 
 @pytest.mark.parametrize("world,interleave", [(2, 1), (2, 2), (3, 1), (3, 2)])
@@ -56,8 +54,7 @@ def _bf16_worker(rank, world, init_file):
 
 
 def test_bf16_logits_as_accurate_as_the_models_own():
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_bf16_worker, args=(2, os.path.join(d, "store")), nprocs=2)
+    spawn_ranks(_bf16_worker, 2)
 
 
 def test_generate_rejects_bad_options(capsys):

@@ -2,19 +2,16 @@
 block-table row b, each attending this rank's keys at global positions up to its own (local_causal_lens). The central
 invariant: every rank's partial over its shard, merged, equals causal attention over the unsharded cache."""
 import math
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dcp_ops
 from dcp_ops import reference as ref
-from conftest import init_gloo, paged_cache, randn
+from conftest import init_gloo, paged_cache, randn, spawn_ranks
 from tolerances import assert_decode, assert_lse_matches, assert_matches
 
 I32 = torch.int32
@@ -215,5 +212,4 @@ def _dcp_worker(rank, world, init_file):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_dcp_attention_multi_token(world):
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_dcp_worker, args=(world, os.path.join(d, "store")), nprocs=world)
+    spawn_ranks(_dcp_worker, world)

@@ -3,17 +3,14 @@ KV written to its owners with slot_mapping + write_kv, decode lengths from local
 they were not written for; per-step helpers that read no device data on the host (compiled with fullgraph=True, run
 on meta tensors) and return int32."""
 import datetime
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import dcp_ops
 from dcp_ops import reference as ref
-from conftest import init_gloo, paged_cache, randn
+from conftest import init_gloo, paged_cache, randn, spawn_ranks
 from tolerances import assert_lse_matches, assert_matches
 
 I32 = torch.int32
@@ -184,5 +181,4 @@ def _any_heads_worker(rank, world, init_file):
 
 
 def test_ag_with_replicated_queries_takes_any_head_count():
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_any_heads_worker, args=(3, os.path.join(d, "store")), nprocs=3)
+    spawn_ranks(_any_heads_worker, 3)

@@ -1,14 +1,11 @@
 """dcp_ops.compat.vllm against vLLM's written formulas: base e and 2, NaN / +inf LSE, empty shards, real groups."""
 import math
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from conftest import init_gloo
+from conftest import init_gloo, spawn_ranks
 from dcp_ops.compat import vllm as V
 from tolerances import assert_within_baseline
 
@@ -116,5 +113,4 @@ def _worker(rank, world, init_file):
 
 @pytest.mark.parametrize("world", [2, 3, 6])
 def test_collective_adapters_match_formula(world):
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker, args=(world, os.path.join(d, "store")), nprocs=world)
+    spawn_ranks(_worker, world)

@@ -499,7 +499,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       // The item's tiles: on AMX (use_amx) with P.V on V's rows in place (pv_rows) or on V packed (pack_v, pv), or
       // on the fp32 FMA kernels.
       auto run = [&](bool use_amx, bool rows_v) {
-        const bool stacked = rows_v && stack_fits;
+        [[maybe_unused]] const bool stacked = rows_v && stack_fits;  // read in AMX builds only
         std::fill(o, o + Hqa * p.Dv, 0.f);
         std::fill(m, m + Hqa, kNegInf);
         std::fill(l, l + Hqa, 0.f);
