@@ -124,6 +124,8 @@ DecodeDims validate_mla(const Tensor& q_nope, const Tensor& q_pe, const Tensor& 
     check_size(*w_uk, 0, d.Hq, op, "w_uk", "heads, equal to q_nope's");
     check_size(*w_uk, 1, q_nope.size(2), op, "w_uk", "D_nope, equal to q_nope's last dim");
     check_size(*w_uk, 2, latent, op, "w_uk", "D_latent = kv_cache last dim - rope dim");
+    TORCH_CHECK_VALUE(q_nope.size(2) > 0, op, ": q_nope's last dim (D_nope, absorbed through w_uk) must be positive, "
+                      "got 0");
   } else {
     check_size(q_nope, 2, latent, op, "q_nope",
                "D_latent = kv_cache last dim - q_pe rope dim (pass w_uk for a pre-absorption query)");

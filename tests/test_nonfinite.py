@@ -225,6 +225,13 @@ def test_zero_size_dims(backend, request):
         ops.gqa_decode_partial(torch.randn(2, 4, 0), z, z, table, lens, 0.1)
     with pytest.raises(ValueError, match=r"mla_decode_partial: kv_cache last dim \(64\) must exceed q_pe's rope dim"):
         ops.mla_decode_partial(torch.randn(2, 4, 0), torch.randn(2, 4, 64), torch.randn(3, 16, 64), table, lens, 0.1)
+    with pytest.raises(ValueError, match=r"mla_decode_partial: q_nope's last dim \(D_nope, absorbed through w_uk\) "
+                                         "must be positive, got 0"):
+        ops.mla_decode_partial(torch.randn(2, 4, 0), torch.randn(2, 4, 64), kv, table, lens, 0.1,
+                               torch.randn(4, 0, 128))
+    out, lse = ops.mla_decode_partial(torch.randn(2, 4, 128), torch.randn(2, 4, 64), kv, table, lens, 0.1, None,
+                                      torch.randn(4, 128, 0))  # D_v = 0: an empty output, lse as usual
+    assert out.shape == (2, 4, 0) and torch.isfinite(lse[0]).all() and (lse[1] == -INF).all()
     for N, T, H, D in ((0, 2, 2, 8), (2, 0, 2, 8), (2, 2, 0, 8), (2, 2, 2, 0)):
         out, lse = ops.merge_partials(torch.randn(N, T, H, D), torch.randn(N, T, H), math.e, "propagate")
         assert out.shape == (T, H, D) and lse.shape == (T, H)
