@@ -80,8 +80,8 @@ DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   d.block_size = k_cache.size(1);
   d.Hkv = k_cache.size(2);
   check_size(k_cache, 3, d.Dk, op, "k_cache", "head dim, equal to q's");
-  DCP_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, op, "q heads (", d.Hq, ") must be a multiple of the cache's KV heads (",
-            d.Hkv, ")");
+  TORCH_CHECK_VALUE(d.Hkv > 0, op, ": k_cache has 0 KV heads (k_cache.shape[2]); it must be positive");
+  DCP_CHECK(d.Hq % d.Hkv == 0, op, "q heads (", d.Hq, ") must be a multiple of the cache's KV heads (", d.Hkv, ")");
   DCP_CHECK(d.block_size > 0, op, "k_cache block_size (dim 1) must be positive, got ", d.block_size);
   TORCH_CHECK_VALUE(d.Dk > 0, op, ": q head dim (q.shape[2]) must be positive, got ", d.Dk);
   check_last_contiguous(q, op, "q");

@@ -220,6 +220,9 @@ def test_zero_size_dims(backend, request):
     assert out.shape == (2, 0, 128) and lse.shape == (2, 0)
     out, lse = ops.mla_decode_partial(torch.randn(0, 4, 128), torch.randn(0, 4, 64), kv, table[:0], lens[:0], 0.1)
     assert out.shape == (0, 4, 128) and lse.shape == (0, 4)
+    k0 = torch.randn(3, 16, 0, 64)
+    with pytest.raises(ValueError, match=r"gqa_decode_partial: k_cache has 0 KV heads \(k_cache.shape\[2\]\)"):
+        ops.gqa_decode_partial(torch.randn(2, 0, 64), k0, k0, table, lens, 0.1)
     z = torch.randn(3, 16, 2, 0)
     with pytest.raises(ValueError, match=r"gqa_decode_partial: q head dim \(q.shape\[2\]\) must be positive, got 0"):
         ops.gqa_decode_partial(torch.randn(2, 4, 0), z, z, table, lens, 0.1)
