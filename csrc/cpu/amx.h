@@ -34,6 +34,8 @@
 #include <cstring>
 #include <utility>
 
+#include "cpu/avx512.h"
+
 namespace dcp_ops::cpu::amx {
 
 using bf16 = c10::BFloat16;
@@ -133,7 +135,8 @@ inline void split(__m512 x, int terms, __m256i* t) {
   for (int s = 0; s < terms; ++s) {
     t[s] = (__m256i)_mm512_cvtneps_pbh(x);
     if (s + 1 < terms)
-      x = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(t[s]), 16)));  // t[s] as fp32
+      const __m512i wide = _mm512_maskz_cvtepu16_epi32(kAll16, t[s]);
+      x = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll16, wide, 16)));  // t[s] as fp32
   }
 }
 
@@ -156,7 +159,7 @@ inline void pack_q(int64_t G, int64_t Ga, int64_t Dk, const float* q, int64_t q_
       split(_mm512_mul_ps(_mm512_loadu_ps(q + g * q_sh + d + 16), mv), terms, hi);
       for (int s = 0; s < terms; ++s)
         _mm512_i32scatter_epi32(qd + (s * Dk / 2 + d / 2) * Ga + g, pairs,
-                                _mm512_inserti64x4(_mm512_castsi256_si512(lo[s]), hi[s], 1), 4);
+                                _mm512_maskz_inserti64x4(kAll8, _mm512_castsi256_si512(lo[s]), hi[s], 1), 4);
     }
 }
 
@@ -364,12 +367,14 @@ inline void transpose16(__m512 (&r)[16]) {
     u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
   }
   for (int j = 0; j < 4; ++j) {
-    const __m512 v02 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88), w02 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88);
-    const __m512 v13 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD), w13 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
-    r[j] = _mm512_shuffle_f32x4(v02, w02, 0x88);
-    r[8 + j] = _mm512_shuffle_f32x4(v02, w02, 0xDD);
-    r[4 + j] = _mm512_shuffle_f32x4(v13, w13, 0x88);
-    r[12 + j] = _mm512_shuffle_f32x4(v13, w13, 0xDD);
+    const __m512 v02 = _mm512_maskz_shuffle_f32x4(kAll16, u[j], u[4 + j], 0x88);
+    const __m512 w02 = _mm512_maskz_shuffle_f32x4(kAll16, u[8 + j], u[12 + j], 0x88);
+    const __m512 v13 = _mm512_maskz_shuffle_f32x4(kAll16, u[j], u[4 + j], 0xDD);
+    const __m512 w13 = _mm512_maskz_shuffle_f32x4(kAll16, u[8 + j], u[12 + j], 0xDD);
+    r[j] = _mm512_maskz_shuffle_f32x4(kAll16, v02, w02, 0x88);
+    r[8 + j] = _mm512_maskz_shuffle_f32x4(kAll16, v02, w02, 0xDD);
+    r[4 + j] = _mm512_maskz_shuffle_f32x4(kAll16, v13, w13, 0x88);
+    r[12 + j] = _mm512_maskz_shuffle_f32x4(kAll16, v13, w13, 0xDD);
   }
 }
 
@@ -413,9 +418,9 @@ inline void pack_p_halves(const float* st, int64_t n, int64_t G, int terms, uint
         __m256i parts[3];
         split(r[h], terms, parts);
         for (int s = 0; s < terms; ++s) {
-          const __m512i low = _mm512_cvtepu16_epi32(parts[s]);
+          const __m512i low = _mm512_maskz_cvtepu16_epi32(kAll16, parts[s]);
           _mm512_storeu_si512(t + 2 * s * 256 + h * 16, low);
-          _mm512_storeu_si512(t + (2 * s + 1) * 256 + h * 16, _mm512_slli_epi32(low, 16));
+          _mm512_storeu_si512(t + (2 * s + 1) * 256 + h * 16, _mm512_maskz_slli_epi32(kAll16, low, 16));
         }
       }
     }
@@ -491,9 +496,9 @@ inline void pack_p_stacked(const float* st, int64_t n, int64_t G, int terms, uin
       __m256i parts[3];
       split(r[h], terms, parts);
       for (int s = 0; s < terms; ++s) {
-        const __m512i low = _mm512_cvtepu16_epi32(parts[s]);
+        const __m512i low = _mm512_maskz_cvtepu16_epi32(kAll16, parts[s]);
         _mm512_storeu_si512(t + s * 256 + h * 16, low);
-        _mm512_storeu_si512(t + s * 256 + (h + kStackedMaxHeads) * 16, _mm512_slli_epi32(low, 16));
+        _mm512_storeu_si512(t + s * 256 + (h + kStackedMaxHeads) * 16, _mm512_maskz_slli_epi32(kAll16, low, 16));
       }
     }
   }

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cpu/avx512.h"
+
 namespace dcp_ops::cpu {
 
 // The micro-kernels keep their accumulators in arrays of vectors; they must be inlined into their callers so that the
@@ -33,9 +35,9 @@ inline fVec load_f32(const T* p, int64_t n = kVL) {
     const __m256i raw = n == kVL ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
                                  : _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
     if constexpr (std::is_same_v<T, c10::BFloat16>)
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll16, _mm512_maskz_cvtepu16_epi32(kAll16, raw), 16));
     else
-      return _mm512_cvtph_ps(raw);
+      return _mm512_maskz_cvtph_ps(kAll16, raw);
 #else
 #if defined(CPU_CAPABILITY_AVX2)
     if (n == kVL) {
@@ -356,9 +358,11 @@ DCP_INLINE fVec reduce_lanes(const fVec (&a)[kVL]) {
     const __m512d lo = _mm512_castps_pd(s[2 * i]), hi = _mm512_castps_pd(s[2 * i + 1]);
     y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi)), _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi)));
   }
-  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
-  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], 0x88), _mm512_shuffle_f32x4(y[2], y[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
+  auto even = [](__m512 a, __m512 b) { return _mm512_maskz_shuffle_f32x4(kAll16, a, b, 0x88); };
+  auto odd = [](__m512 a, __m512 b) { return _mm512_maskz_shuffle_f32x4(kAll16, a, b, 0xDD); };
+  const __m512 z0 = _mm512_add_ps(even(y[0], y[1]), odd(y[0], y[1]));
+  const __m512 z1 = _mm512_add_ps(even(y[2], y[3]), odd(y[2], y[3]));
+  return _mm512_add_ps(even(z0, z1), odd(z0, z1));
 #else
   __at_align__ float lanes[kVL][kVL];
   __at_align__ float sums[kVL];

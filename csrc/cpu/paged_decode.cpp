@@ -21,6 +21,7 @@
 
 #include "checks.h"
 #include "cpu/amx.h"
+#include "cpu/avx512.h"
 #include "cpu/gemm.h"
 #include "cpu/line_vector.h"
 
@@ -173,8 +174,8 @@ inline fVec exp2_nonpos(const fVec& x) {
 #elif defined(CPU_CAPABILITY_AVX512)
   const __m512 v = x;
   const __mmask16 tiny = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.f), _CMP_LT_OQ);
-  const __m512 c = _mm512_max_ps(_mm512_set1_ps(-126.f), v);
-  const __m512 n = _mm512_roundscale_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 c = _mm512_maskz_max_ps(kAll16, _mm512_set1_ps(-126.f), v);
+  const __m512 n = _mm512_maskz_roundscale_ps(kAll16, c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(c, n);
   __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
@@ -183,7 +184,8 @@ inline fVec exp2_nonpos(const fVec& x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512i biased = _mm512_add_epi32(_mm512_maskz_cvtps_epi32(kAll16, n), _mm512_set1_epi32(127));
+  const __m512i e = _mm512_maskz_slli_epi32(kAll16, biased, 23);
   return _mm512_maskz_mul_ps(static_cast<__mmask16>(~tiny), p, _mm512_castsi512_ps(e));
 #else
   return x.exp2();
