@@ -128,7 +128,12 @@ def gqa_rows(ceil):
             base = torch_ms(dict(bmm=lambda q, k, v, t, s: tb.gqa_bmm(q, k, v, t, L, scale, dtype),
                                  sdpa=lambda q, k, v, t, s: tb.gqa_sdpa(q, k, v, t, L, scale)), sets, ours)
             base["flashinfer"] = flashinfer_decode_ms(sets, Hq, Hkv, D, bs)
-            rows.append(row("gqa_decode_partial 64q/8kv", dtype, B, L, ms, kv_bytes, 4 * B * L * Hq * D, ceil, base))
+            rows.append(row("gqa_decode_partial 64q/8kv native", dtype, B, L, ms, kv_bytes, 4 * B * L * Hq * D, ceil,
+                            base))
+            ms32 = cuda_time(lambda q, k, v, t, s: dcp_ops.gqa_decode_partial(q, k, v, t, s, scale, precision="fp32"),
+                             sets)
+            rows.append(row("gqa_decode_partial 64q/8kv fp32", dtype, B, L, ms32, kv_bytes, 4 * B * L * Hq * D, ceil,
+                            base))
     return rows
 
 
@@ -176,9 +181,32 @@ def mla_rows(ceil):
                                  tb.mla_sdpa(qn, qp, c, t, L, scale, wk, wv)), sets, ours)
             base["flashinfer"] = None if fused else flashinfer_mla_ms(sets, H, latent, rope, bs, scale)
             flops = 2 * B * H * L * (2 * latent + rope) + (4 * B * H * latent * d_nope if fused else 0)
-            rows.append(row("mla_decode_partial 128h" + (" w_uk+w_uv" if fused else ""), torch.bfloat16, B, L, ms,
-                            kv_bytes, flops, ceil, base))
+            name = "mla_decode_partial 128h" + (" w_uk+w_uv" if fused else "")
+            rows.append(row(name + " native", torch.bfloat16, B, L, ms, kv_bytes, flops, ceil, base))
+            # precision="fp32": the split-term kernel, on the same inputs against the same baselines
+            ms32 = cuda_time(lambda *a: dcp_ops.mla_decode_partial(*a[:5], scale, *a[5:], precision="fp32"), sets)
+            rows.append(row(name + " fp32", torch.bfloat16, B, L, ms32, kv_bytes, flops, ceil, base))
+    rows.append(mtp_row(ceil, H, latent, rope, bs))
     return rows
+
+
+def mtp_row(ceil, H, latent, rope, bs, B=16, L=32768):
+    """Multi-token decode (MTP: 2 query tokens per sequence, causal), DeepSeek-V3 shapes, native; no torch baseline."""
+    nblk = L // bs
+    kv_bytes = B * L * (latent + rope) * 2
+    sets = []
+    for _ in range(enough_sets(kv_bytes)):
+        kv = torch.randn(B * nblk, bs, latent + rope, device="cuda", dtype=torch.bfloat16)
+        table = torch.randperm(B * nblk, device="cuda", dtype=torch.int32).view(B, nblk)
+        lens = torch.tensor([L - 1, L] * B, device="cuda", dtype=torch.int32)  # each query's causal length
+        cu = torch.arange(0, 2 * B + 1, 2, device="cuda", dtype=torch.int32)
+        sets.append((torch.randn(2 * B, H, latent, device="cuda", dtype=torch.bfloat16),
+                     torch.randn(2 * B, H, rope, device="cuda", dtype=torch.bfloat16), kv, table, lens, cu))
+    scale = (128 + rope) ** -0.5
+    ms = cuda_time(lambda qn, qp, c, t, s, cu: dcp_ops.mla_decode_partial(qn, qp, c, t, s, scale, cu_seqlens_q=cu),
+                   sets)
+    return row("mla_decode_partial 128h MTP 2 tok native", torch.bfloat16, B, L, ms, kv_bytes,
+               2 * 2 * B * H * L * (2 * latent + rope), ceil, {})
 
 
 def merge_rows(ceil):
@@ -206,7 +234,7 @@ def main():
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}: copy {ceil['copy_GBps']:.0f} GB/s (read + "
           f"write), bf16 matmul {ceil['bf16_TFLOPs']:.0f} TFLOP/s")
     rows = gqa_rows(ceil) + mla_rows(ceil) + merge_rows(ceil)
-    hdr = (f"{'op':<34} {'dtype':<8} {'B/T':>4} {'L/N':>6} {'ms':>8} {'GB/s':>6} {'TFLOP/s':>7} {'roof':>5} "
+    hdr = (f"{'op':<44} {'dtype':<8} {'B/T':>4} {'L/N':>6} {'ms':>8} {'GB/s':>6} {'TFLOP/s':>7} {'roof':>5} "
            f"{'bmm':>8} {'sdpa':>8} {'torch':>8} {'flashinf':>8} {'vs best':>7}")
     print(hdr)
     print("-" * len(hdr))
@@ -215,7 +243,7 @@ def main():
         cell = [f"{b[k]:>8.3f}" if b.get(k) is not None else f"{'-':>8}"
                 for k in ("bmm", "sdpa", "torch", "flashinfer")]
         vs = f"{r['speedup_vs_best']:>6.2f}x" if r["speedup_vs_best"] is not None else f"{'-':>7}"
-        print(f"{r['op']:<34} {r['dtype']:<8} {r['B']:>4} {r['L']:>6} {r['ms']:>8.3f} {r['GBps']:>6.0f} "
+        print(f"{r['op']:<44} {r['dtype']:<8} {r['B']:>4} {r['L']:>6} {r['ms']:>8.3f} {r['GBps']:>6.0f} "
               f"{r['TFLOPs']:>7.1f} {r['roofline_fraction']:>5.2f} {' '.join(cell)} {vs}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
