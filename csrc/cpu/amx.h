@@ -357,8 +357,8 @@ inline int64_t padded(int64_t n) { return (n + kPair - 1) / kPair * kPair; }
 inline void transpose16(__m512 (&r)[16]) {
   __m512 t[16], u[16];
   for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i] = _mm512_maskz_unpacklo_ps(kAll16, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(kAll16, r[2 * i], r[2 * i + 1]);
   }
   for (int i = 0; i < 4; ++i) {  // u[4i + j], 128-bit lane L: rows 4i .. 4i + 3 of column 4L + j
     u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);

@@ -24,6 +24,21 @@ namespace dcp_ops::cpu {
 using fVec = at::vec::Vectorized<float>;
 constexpr int64_t kVL = fVec::size();
 
+// One element as fp32. Exact for every type, as c10's conversion operators are; for fp16 by F16C's scalar form
+// directly, since c10::Half's operator inlines the 512-bit conversion with an undefined operand (cpu/avx512.h).
+template <typename T>
+inline float to_f32(T x) {
+  if constexpr (std::is_same_v<T, c10::Half>) {
+#if defined(__F16C__)
+    return _cvtsh_ss(x.x);
+#else
+    return static_cast<float>(x);
+#endif
+  } else {
+    return static_cast<float>(x);
+  }
+}
+
 // n (<= kVL) consecutive elements of T as one fp32 vector; lanes past n are 0.
 template <typename T>
 inline fVec load_f32(const T* p, int64_t n = kVL) {
@@ -113,7 +128,7 @@ DCP_INLINE void gemm_strip(int64_t j, int64_t K, const MA& A, const MB& B, float
       for (int v = 0; v < NV; ++v) b[v] = load_f32(brow + v * kVL);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
-        const fVec a(static_cast<float>(A(i, k)));
+        const fVec a(to_f32(A(i, k)));
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) c[i][v] = at::vec::fmadd(a, b[v], c[i][v]);
       }
@@ -152,7 +167,7 @@ inline void gemm_rows(int64_t N, int64_t K, const MA& A, const MB& B, float* C, 
       for (int64_t k = k0; k < k1; ++k) {
         const fVec bv = load_f32(B.row(k) + j, n);
 #pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) c[i] = at::vec::fmadd(fVec(static_cast<float>(A(i, k))), bv, c[i]);
+        for (int i = 0; i < MR; ++i) c[i] = at::vec::fmadd(fVec(to_f32(A(i, k))), bv, c[i]);
       }
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) (k0 == 0 ? c[i] : fVec::loadu(C + i * ldc + j, n) + c[i]).store(C + i * ldc + j, n);
@@ -352,11 +367,13 @@ DCP_INLINE fVec reduce_lanes(const fVec (&a)[kVL]) {
   __m512 s[8], y[4];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i)
-    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    s[i] = _mm512_add_ps(_mm512_maskz_unpacklo_ps(kAll16, a[2 * i], a[2 * i + 1]),
+                         _mm512_maskz_unpackhi_ps(kAll16, a[2 * i], a[2 * i + 1]));
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
     const __m512d lo = _mm512_castps_pd(s[2 * i]), hi = _mm512_castps_pd(s[2 * i + 1]);
-    y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi)), _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi)));
+    y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_maskz_unpacklo_pd(kAll8, lo, hi)),
+                         _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(kAll8, lo, hi)));
   }
   auto even = [](__m512 a, __m512 b) { return _mm512_maskz_shuffle_f32x4(kAll16, a, b, 0x88); };
   auto odd = [](__m512 a, __m512 b) { return _mm512_maskz_shuffle_f32x4(kAll16, a, b, 0xDD); };
