@@ -163,16 +163,24 @@ def cases(draw):
         args[i] = a[:1].expand_as(a)
     elif mut == "rank" and op == "correct_partial":
         args[2] = draw(st.sampled_from([-5, 10**9]))
-    return (backend, op, tuple(args), {})
+    kwargs = {}
+    if op.endswith("decode_partial"):  # the keyword arguments: valid, refused, or inconsistent with the batch
+        if draw(st.booleans()):
+            kwargs["precision"] = draw(st.sampled_from(["native", "fp32", "bf16", ""]))
+        if draw(st.booleans()):
+            B = args[3].shape[0] if args[3].dim() else 0
+            cu = torch.randint(-2, 5, (draw(st.integers(0, B + 2)),)).cumsum(0)  # often not [0 .. T], B + 1 long
+            kwargs["cu_seqlens_q"] = cu.to(draw(st.sampled_from([I32, torch.int64])))
+    return (backend, op, tuple(args), kwargs)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(case=cases())
 def test_malformed_inputs_never_crash_or_hang(child, case):
-    backend, op, args, _ = case
+    backend, op, args, kwargs = case
     kind, msg = child.run(case)
     shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]
-    assert not kind.startswith(("crash", "hang")), f"{backend}.{op}{shapes}: {kind}"
+    assert not kind.startswith(("crash", "hang")), f"{backend}.{op}{shapes} {kwargs}: {kind}"
     if kind != "ok":
         assert kind in ("ValueError", "TypeError", "RuntimeError", "IndexError"), f"{op}{shapes}: {kind}: {msg}"
         assert op in msg, f"{backend}.{op}{shapes}: the refusal does not name the op: {kind}: {msg}"
