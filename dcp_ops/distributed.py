@@ -69,10 +69,15 @@ class Workspace:
         return buf
 
 
+def _cache(shard: Union[GQAShard, MLAShard]) -> Tensor:
+    """The shard's (first) cache tensor: K for GQA, the latent cache for MLA."""
+    return shard.k_cache if isinstance(shard, GQAShard) else shard.kv_cache
+
+
 def _check_placement(shard, world_size: int, rank: int) -> None:
     """A shard that carries its Placement must be used in the group, at the rank and with the cache it was written
     for: a mismatch would attend the wrong tokens without any other error."""
-    p = getattr(shard, "placement", None)
+    p = shard.placement
     if p is None:
         return
     if not isinstance(p, Placement):
@@ -80,7 +85,7 @@ def _check_placement(shard, world_size: int, rank: int) -> None:
     if (p.world_size, p.rank) != (world_size, rank):
         raise ValueError(f"dcp_attention: shard.placement is for rank {p.rank} of {p.world_size}, but this is rank "
                          f"{rank} of a group of {world_size}")
-    cache = shard.k_cache if isinstance(shard, GQAShard) else shard.kv_cache
+    cache = _cache(shard)
     if cache.dim() >= 2 and cache.shape[1] != p.block_size:
         raise ValueError(f"dcp_attention: shard.placement has block_size {p.block_size}, but the cache's is "
                          f"{cache.shape[1]}")
@@ -100,7 +105,7 @@ def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard], precision: str) ->
     if isinstance(shard, GQAShard):
         return ops.gqa_decode_partial(q_all, shard.k_cache, shard.v_cache, shard.block_table, shard.seq_lens,
                                       shard.scale, precision=precision, cu_seqlens_q=shard.cu_seqlens_q)
-    if isinstance(shard, MLAShard):
+    else:  # an MLAShard (dcp_attention checked the type)
         rope = shard.rope_dim
         if not 0 <= rope < q_all.shape[-1]:
             raise ValueError(f"dcp_attention: MLAShard.rope_dim must be in [0, q's last dim = {q_all.shape[-1]}), "
@@ -109,7 +114,6 @@ def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard], precision: str) ->
         return ops.mla_decode_partial(q_all[..., :split], q_all[..., split:], shard.kv_cache, shard.block_table,
                                       shard.seq_lens, shard.scale, shard.w_uk, shard.w_uv, precision=precision,
                                       cu_seqlens_q=shard.cu_seqlens_q)
-    raise TypeError(f"dcp_attention: shard must be a GQAShard or MLAShard, got {type(shard).__name__}")
 
 
 def exchange_bytes(mode: str, T: int, H: int, d_out: int, world_size: int, dtype: torch.dtype,
@@ -135,8 +139,7 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 def _step_signature(q: Tensor, shard, n: int, mode: str, q_replicated: bool, precision: str):
     """(field names, values) that every rank of a step must agree on, a fixed number of ints."""
-    gqa = isinstance(shard, GQAShard)
-    cache = shard.k_cache if gqa else shard.kv_cache
+    gqa, cache = isinstance(shard, GQAShard), _cache(shard)
     code = lambda dt: _DTYPES.index(dt) if dt in _DTYPES else -1  # noqa: E731
     fields = {
         "world_size": n, "mode": MODES.index(mode), "q_replicated": int(q_replicated),
@@ -151,6 +154,12 @@ def _step_signature(q: Tensor, shard, n: int, mode: str, q_replicated: bool, pre
     return list(fields), list(fields.values())
 
 
+# How _check_group prints a signature field whose int stands for something else.
+_SHOWN = {"mode": lambda v: repr(MODES[v]), "precision": lambda v: repr(ops.PRECISIONS[v]),
+          "q dtype": lambda v: str(_DTYPES[v]) if v >= 0 else "other",
+          "cache dtype": lambda v: str(_DTYPES[v]) if v >= 0 else "other"}
+
+
 def _check_group(q: Tensor, shard, group, n: int, mode: str, q_replicated: bool, precision: str) -> None:
     """All-gathers the step's signature and raises the same ValueError on every rank when the ranks disagree, naming
     the field and each rank's value (check_group=True; one small collective and a host read)."""
@@ -162,9 +171,7 @@ def _check_group(q: Tensor, shard, group, n: int, mode: str, q_replicated: bool,
     for j, name in enumerate(names):
         col = [row[j] for row in rows]
         if len(set(col)) > 1:
-            shown = {"mode": lambda v: repr(MODES[v]), "precision": lambda v: repr(ops.PRECISIONS[v]),
-                     "q dtype": lambda v: str(_DTYPES[v]) if v >= 0 else "other",
-                     "cache dtype": lambda v: str(_DTYPES[v]) if v >= 0 else "other"}.get(name, str)
+            shown = _SHOWN.get(name, str)
             raise ValueError(f"dcp_attention: the ranks of the group disagree on {name}: "
                              + ", ".join(f"rank {r}: {shown(v)}" for r, v in enumerate(col)))
 

@@ -15,12 +15,13 @@ DCP_OPS_CHECK_VALUES=1; otherwise a token slot_mapping cannot place gets slot -1
 can be captured in a CUDA graph and compiled with fullgraph=True. shard_kv / unshard_kv are setup helpers and check
 always.
 """
-import numbers
 import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
 import torch
+
+from .ops import check_int
 
 Tensor = torch.Tensor
 _CHECK_ON_DEVICE = os.environ.get("DCP_OPS_CHECK_VALUES", "0") == "1"
@@ -34,8 +35,7 @@ def _check_int(t: Tensor, fn: str, name: str) -> None:
 
 def _check_ints(fn: str, **values) -> None:
     for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise TypeError(f"{fn}: {name} must be an int, got {type(v).__name__} {v!r}")
+        check_int(fn, name, v)
 
 
 def _check_group(fn: str, world_size: int, interleave: int, rank: int = 0) -> None:

@@ -27,10 +27,14 @@ PRECISIONS = ("native", "fp32")
 NONFINITE_LSE = ("empty", "propagate")
 
 
+def _check_choice(op: str, name: str, value, choices: Tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{op}: {name} must be one of {choices}, got {value!r}")
+    return value
+
+
 def check_precision(op: str, precision: str) -> str:
-    if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ValueError(f"{op}: precision must be one of {PRECISIONS}, got {precision!r}")
-    return precision
+    return _check_choice(op, "precision", precision, PRECISIONS)
 
 
 def _real(op: str, name: str, x) -> float:
@@ -40,7 +44,7 @@ def _real(op: str, name: str, x) -> float:
     return float(x)
 
 
-def _int(op: str, name: str, x) -> int:
+def check_int(op: str, name: str, x) -> int:
     """x as an int, refused by name unless it is an integer (a float, even 2.0, would be truncated elsewhere)."""
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise TypeError(f"{op}: {name} must be an int, got {type(x).__name__} {x!r}")
@@ -57,9 +61,7 @@ def _tensor(op: str, name: str, x, dims: int, shape: str) -> Tensor:
 
 
 def check_nonfinite_lse(op: str, nonfinite_lse: str) -> str:
-    if not isinstance(nonfinite_lse, str) or nonfinite_lse not in NONFINITE_LSE:
-        raise ValueError(f"{op}: nonfinite_lse must be one of {NONFINITE_LSE}, got {nonfinite_lse!r}")
-    return nonfinite_lse
+    return _check_choice(op, "nonfinite_lse", nonfinite_lse, NONFINITE_LSE)
 
 
 def gqa_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
@@ -120,7 +122,7 @@ def correct_partial(out: Tensor, lses: Tensor, rank: int, lse_base: float = math
     lses [N, T, H] fp32 holds every rank's LSE in base `lse_base`; rank selects this rank's row. nonfinite_lse:
     "empty" or "propagate" (the module docstring).
     """
-    return _ops.correct_partial(out, lses, _int("correct_partial", "rank", rank),
+    return _ops.correct_partial(out, lses, check_int("correct_partial", "rank", rank),
                                 _real("correct_partial", "lse_base", lse_base),
                                 check_nonfinite_lse("correct_partial", nonfinite_lse))
 
@@ -137,7 +139,7 @@ def pack_exchange(out: Tensor, lse: Tensor, world_size: int, send: Optional[Tens
     out[t, r*H/N + i], and the fp32 LSE bit-stored in the pad. `send` may be a preallocated buffer of that shape.
     """
     T, H, D = _tensor("pack_exchange", "out", out, 3, "[T, H, D]").shape
-    world_size = _int("pack_exchange", "world_size", world_size)
+    world_size = check_int("pack_exchange", "world_size", world_size)
     if world_size <= 0 or H % world_size:
         raise ValueError(f"pack_exchange: out heads ({H}) must divide into world_size = {world_size} ranks")
     if send is None:

@@ -154,18 +154,23 @@ def flashinfer_mla_ms(sets, H, latent, rope, bs, scale):
         return None
 
 
+def paged_latent_cache(B, L, bs, width):
+    """A bf16 latent cache of B sequences of L tokens in blocks of bs, its block table in a random block order."""
+    nblk = L // bs
+    kv = torch.randn(B * nblk, bs, width, device="cuda", dtype=torch.bfloat16)
+    return kv, torch.randperm(B * nblk, device="cuda", dtype=torch.int32).view(B, nblk)
+
+
 def mla_rows(ceil):
     """DeepSeek-V3 shapes (128 heads, 512 + 64): latent query (the FlashInfer comparison), and w_uk + w_uv fused."""
     rows = []
     H, latent, rope, d_nope, d_v, bs = 128, 512, 64, 128, 128, 64
     for fused in (False, True):
         for B, L in ((1, 32768), (16, 32768), (64, 8192)):
-            nblk = L // bs
             kv_bytes = B * L * (latent + rope) * 2
             sets = []
             for _ in range(enough_sets(kv_bytes)):
-                kv = torch.randn(B * nblk, bs, latent + rope, device="cuda", dtype=torch.bfloat16)
-                table = torch.randperm(B * nblk, device="cuda", dtype=torch.int32).view(B, nblk)
+                kv, table = paged_latent_cache(B, L, bs, latent + rope)
                 q_nope = torch.randn(B, H, d_nope if fused else latent, device="cuda", dtype=torch.bfloat16)
                 w = (torch.randn(H, d_nope, latent, device="cuda", dtype=torch.bfloat16) * d_nope ** -0.5,
                      torch.randn(H, latent, d_v, device="cuda", dtype=torch.bfloat16) * latent ** -0.5) if fused \
@@ -192,12 +197,10 @@ def mla_rows(ceil):
 
 def mtp_row(ceil, H, latent, rope, bs, B=16, L=32768):
     """Multi-token decode (MTP: 2 query tokens per sequence, causal), DeepSeek-V3 shapes, native; no torch baseline."""
-    nblk = L // bs
     kv_bytes = B * L * (latent + rope) * 2
     sets = []
     for _ in range(enough_sets(kv_bytes)):
-        kv = torch.randn(B * nblk, bs, latent + rope, device="cuda", dtype=torch.bfloat16)
-        table = torch.randperm(B * nblk, device="cuda", dtype=torch.int32).view(B, nblk)
+        kv, table = paged_latent_cache(B, L, bs, latent + rope)
         lens = torch.tensor([L - 1, L] * B, device="cuda", dtype=torch.int32)  # each query's causal length
         cu = torch.arange(0, 2 * B + 1, 2, device="cuda", dtype=torch.int32)
         sets.append((torch.randn(2 * B, H, latent, device="cuda", dtype=torch.bfloat16),

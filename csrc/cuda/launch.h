@@ -50,8 +50,12 @@ namespace dcp_ops {
 struct KvSplits {
   int64_t splits, per_split;
 };
-inline KvSplits kv_splits(int64_t T, int64_t max_blocks, int64_t block_size, const char* op) {
+// A decode launch puts the query tokens on the grid's z dimension.
+inline void check_grid_tokens(int64_t T, const char* op) {
   TORCH_CHECK(T <= 65535, op, ": on CUDA at most 65535 query tokens per call (grid z), got ", T);
+}
+inline KvSplits kv_splits(int64_t T, int64_t max_blocks, int64_t block_size, const char* op) {
+  check_grid_tokens(T, op);
   const int64_t capacity = max_blocks * block_size;
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + 511) / 512));
   return {splits, std::max<int64_t>(1, (capacity + splits - 1) / splits)};

@@ -33,7 +33,7 @@ cudaError_t project(const Tensor& x, const std::optional<Tensor>& w, void* y, in
 // The tiled kernel's plan: enough splits for about one block per SM over the batch's row tiles, each a whole number
 // of token tiles; from shapes only.
 KvSplits tiled_splits(int64_t T, int64_t H, int64_t max_blocks, int64_t block_size, int64_t bn) {
-  (void)kv_splits(T, max_blocks, block_size, "mla_decode_partial");  // the grid's limits
+  check_grid_tokens(T, "mla_decode_partial");
   const int64_t capacity = max_blocks * block_size, blocks = T * ((H + kernels::kMlaRows - 1) / kernels::kMlaRows);
   const int64_t most = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + bn - 1) / bn));
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(most, (sm_count() + blocks - 1) / blocks));
