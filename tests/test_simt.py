@@ -305,15 +305,58 @@ def test_decode_cuda_sources_skip_blocks_outside_the_cache(simt_ops, kind):
     assert_lse_matches(lse, r_lse, f"{kind} lse, out-of-range blocks skipped")
 
 
-def test_decode_cuda_sources_refuse_more_query_tokens_than_a_grid_holds(simt_ops):
-    T = 65536  # one past the grid's z limit: refused by name before any launch
-    k = torch.randn(1, 16, 1, 64)
-    table, lens = torch.zeros(T, 1, dtype=torch.int32), torch.zeros(T, dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="gqa_decode_partial: on CUDA at most 65535 query tokens per call"):
-        simt_ops.gqa_decode_partial(torch.randn(T, 1, 64), k, k, table, lens, 0.1)
-    with pytest.raises(RuntimeError, match="mla_decode_partial: on CUDA at most 65535 query tokens per call"):
-        simt_ops.mla_decode_partial(torch.randn(T, 1, 128), torch.randn(T, 1, 64), torch.randn(1, 16, 192), table,
-                                    lens, 0.1)
+def _check_split_plan(lens, capacity, granule, tiles, work, rows):
+    """The plan's invariants (kernels/split_plan.cuh): each query token's items cover its clamped length exactly once,
+    in order, as consecutive items; no budget holds more than B tiles; one wave of ctas = 8 // tiles budgets."""
+    T, ctas = len(lens), max(1, 8 // tiles)
+    assert work.shape == (ctas + T - 1, 3) and rows.shape == (2, T)
+    clamped = [max(0, min(n, capacity)) for n in lens]
+    tiles_of = [-(-n // granule) for n in clamped]
+    B = max(1, -(-sum(tiles_of) // ctas))
+    owner = {}
+    for t, n in enumerate(clamped):
+        first, count = int(rows[0, t]), int(rows[1, t])
+        assert count == 0 if n == 0 else count >= 1, (t, n, count)
+        pos = 0
+        for i in range(first, first + count):
+            seq, a, b = work[i].tolist()
+            assert (seq, a) == (t, pos) and a < b <= n, (t, i, work[i].tolist())
+            assert a % granule == 0 and (b % granule == 0 or b == n)
+            owner[i] = t
+            pos = b
+        assert pos == n, (t, pos, n)
+    for i in range(work.shape[0]):
+        if i not in owner:
+            assert int(work[i, 0]) == -1, (i, work[i].tolist())
+    # budget i holds the pieces of items i + t: at most B tiles of work per block of one wave
+    load = [0] * ctas
+    for i, t in owner.items():
+        load[i - t] += -(-(int(work[i, 2]) - int(work[i, 1])) // granule)
+    assert max(load, default=0) <= B and sum(load) == sum(tiles_of)
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_split_plan_covers_every_query_token_once_and_fills_one_wave(simt_ops, case):
+    # the decode launchers' device-side plan: random mixes of lengths (0, past the capacity, one long among short)
+    gen = torch.Generator().manual_seed(case)
+    T = [1, 2, 3, 7, 40, 300][case % 6]
+    capacity = [64, 1000, 4096][case % 3]
+    lens = torch.randint(-3, capacity + 200, (T,), generator=gen, dtype=torch.int32)
+    if case % 4 == 1:
+        lens[:] = torch.randint(0, 5, (T,), generator=gen, dtype=torch.int32)
+        lens[0] = capacity
+    granule, tiles = [64, 32, 16, 1][case % 4], [1, 2, 3, 16][case // 3 % 4]
+    work, rows = simt_ops.split_plan(lens, capacity, granule, tiles)
+    _check_split_plan(lens.tolist(), capacity, granule, tiles, work, rows)
+
+
+@pytest.mark.parametrize("tiles", [1, 2])
+def test_split_plan_gives_one_long_sequence_a_block_per_sm(simt_ops, tiles):
+    # batch 1 (the case a capacity-based plan leaves to a few blocks): every SM of the wave gets an equal piece
+    work, rows = simt_ops.split_plan(torch.tensor([4096], dtype=torch.int32), 1 << 20, 64, tiles)
+    ctas = 8 // tiles
+    assert rows.tolist() == [[0], [ctas]]
+    assert work.tolist() == [[0, 4096 // ctas * i, 4096 // ctas * (i + 1)] for i in range(ctas)]
 
 
 @pytest.mark.parametrize("precision", ["native", "fp32"])

@@ -192,6 +192,31 @@ def mla_rows(ceil):
             ms32 = cuda_time(lambda *a: dcp_ops.mla_decode_partial(*a[:5], scale, *a[5:], precision="fp32"), sets)
             rows.append(row(name + " fp32", torch.bfloat16, B, L, ms32, kv_bytes, flops, ceil, base))
     rows.append(mtp_row(ceil, H, latent, rope, bs))
+    return rows + flashmla_shape_rows(ceil)
+
+
+def flashmla_shape_rows(ceil, latent=512, rope=64, bs=64):
+    """FlashMLA's decode benchmark shapes (batch 16 / 64 / 128 x 4K / 32K, 128 and 16 heads, absorbed query), both
+    precisions, against FlashInfer's MLA decode only (the torch baselines of mla_rows take minutes at these sizes)."""
+    rows = []
+    scale = (128 + rope) ** -0.5
+    for H in (128, 16):
+        for B in (16, 64, 128):
+            for L in (4096, 32768):
+                kv_bytes = B * L * (latent + rope) * 2
+                sets = []
+                for _ in range(enough_sets(kv_bytes)):
+                    kv, table = paged_latent_cache(B, L, bs, latent + rope)
+                    sets.append((torch.randn(B, H, latent, device="cuda", dtype=torch.bfloat16),
+                                 torch.randn(B, H, rope, device="cuda", dtype=torch.bfloat16), kv, table,
+                                 torch.full((B,), L, device="cuda", dtype=torch.int32)))
+                base = dict(flashinfer=flashinfer_mla_ms(sets, H, latent, rope, bs, scale))
+                flops = 2 * B * H * L * (2 * latent + rope)
+                for precision in ("native", "fp32"):
+                    ms = cuda_time(lambda *a: dcp_ops.mla_decode_partial(*a, scale, precision=precision), sets)
+                    rows.append(row(f"mla_decode_partial {H}h (FlashMLA shape) {precision}", torch.bfloat16, B, L,
+                                    ms, kv_bytes, flops, ceil, base))
+                del sets
     return rows
 
 

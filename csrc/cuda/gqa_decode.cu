@@ -1,6 +1,6 @@
-// CUDA launcher of gqa_decode_partial: split-KV pass (on tensor cores for 16-bit caches with head dims 64 and 128 on
-// sm_80 and later, else the SIMT kernel), then the merge of the splits. No host synchronisation: the
-// split count comes from the block table's capacity, never from seq_lens' values.
+// CUDA launcher of gqa_decode_partial: the split plan (made on the device from seq_lens), the split-KV pass (on
+// tensor cores for 16-bit caches with head dims 64 and 128 on sm_80 and later, else the SIMT kernel), then the merge
+// of the splits. No host synchronisation.
 #include "cuda/launch.h"
 #include "kernels/gqa_decode_mma.cuh"
 #include "ops.h"
@@ -22,26 +22,31 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
   Tensor out = new_output({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = new_output({d.T, d.Hq}, q.options().dtype(at::kFloat));
   if (d.T == 0 || d.Hq == 0) return {out, lse};  // an empty grid is a launch error
-  const KvSplits plan = kv_splits(d.T, d.max_blocks, d.block_size, "gqa_decode_partial");
-  const int64_t splits = plan.splits, per_split = plan.per_split;
+  // blocks per work item: the kernel's head tiles (gqa_split_pass: 8 or 16 query heads of a KV head per block)
+  const int64_t G = d.Hq / d.Hkv;
+  const bool mma = q.element_size() == 2 && has_mma_sync() && (d.Dk == 64 || d.Dk == 128);
+  const int64_t gt = mma && G > 8 ? 16 : 8;
+  const SplitPlan plan = plan_splits(seq_lens, d.T, d.max_blocks * d.block_size, 64, d.Hkv * ((G + gt - 1) / gt),
+                                     "gqa_decode_partial");
+  DCP_CHECK_LAUNCH(plan.err, "gqa_decode_partial");
   auto f32 = q.options().dtype(at::kFloat);
-  Tensor part_o = new_output({splits, d.T, d.Hq, d.Dv}, f32);
-  Tensor part_lse = new_output({splits, d.T, d.Hq}, f32);
+  Tensor part_o = new_output({plan.items, d.Hq, d.Dv}, f32);
+  Tensor part_lse = new_output({plan.items, d.Hq}, f32);
   kernels::GqaParams p{q.data_ptr(), q.stride(0), q.stride(1),
                        k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                        v_cache.data_ptr(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                        block_table.data_ptr<int32_t>(), block_table.stride(0), seq_lens.data_ptr<int32_t>(),
                        static_cast<int>(d.T), static_cast<int>(d.Hq), static_cast<int>(d.Hkv), static_cast<int>(d.Dk),
                        static_cast<int>(d.block_size), static_cast<int>(d.num_blocks), static_cast<int>(d.max_blocks),
-                       static_cast<int>(splits), static_cast<int>(per_split),
+                       plan.work.data_ptr<int32_t>(), plan.items,
                        static_cast<float>(scale * 1.4426950408889634), part_o.data_ptr<float>(),
                        part_lse.data_ptr<float>()};
   // the splits' LSE are ours (empty splits are -inf): propagate, so that a NaN one poisons its row
-  const kernels::MergeParams m{part_o.data_ptr(), d.T * d.Hq * d.Dv, d.Hq * d.Dv, d.Dv,
-                               {part_lse.data_ptr<float>(), d.T * d.Hq, d.Hq, 1},
+  const kernels::MergeParams m{part_o.data_ptr(), d.Hq * d.Dv, 0, d.Dv,
+                               {part_lse.data_ptr<float>(), d.Hq, 0, 1},
                                out.data_ptr(), d.Hq * d.Dv, d.Dv, lse.data_ptr<float>(), d.Hq, 1,
-                               static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
-                               static_cast<int>(d.Dv), 1.f, /*propagate=*/true};
+                               plan.items, static_cast<int>(d.T), static_cast<int>(d.Hq),
+                               static_cast<int>(d.Dv), 1.f, /*propagate=*/true, plan.rows.data_ptr<int32_t>()};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q.scalar_type(), "gqa_decode_partial", [&] {
     cudaError_t e = kernels::gqa_split_pass<scalar_t>(p, current_stream(), has_mma_sync(), native);
     return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());

@@ -45,21 +45,17 @@ inline int sm_count() {
 #endif
 
 namespace dcp_ops {
-// Split-KV plan of a paged decode launch: the split count comes from the block table's capacity (max_blocks *
-// block_size), never from seq_lens' values, so nothing waits on the device. Refuses a batch the grid cannot hold.
-struct KvSplits {
-  int64_t splits, per_split;
+// The split-KV plan of a decode launch (kernels/split_plan.cuh; csrc/cuda/split_plan.cu), launched on the current
+// stream: work items over the actual lengths seq_lens [T] (read on the device only), in tiles of `granule` tokens,
+// budgeted so that one wave of the split pass fills the device: one block per SM, `tiles` blocks (head tiles) per
+// work item. `work` and `rows` are what the split pass and the merge read; `err` the planner's launch status.
+struct SplitPlan {
+  at::Tensor work, rows;
+  int items;
+  cudaError_t err;
 };
-// A decode launch puts the query tokens on the grid's z dimension.
-inline void check_grid_tokens(int64_t T, const char* op) {
-  TORCH_CHECK(T <= 65535, op, ": on CUDA at most 65535 query tokens per call (grid z), got ", T);
-}
-inline KvSplits kv_splits(int64_t T, int64_t max_blocks, int64_t block_size, const char* op) {
-  check_grid_tokens(T, op);
-  const int64_t capacity = max_blocks * block_size;
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + 511) / 512));
-  return {splits, std::max<int64_t>(1, (capacity + splits - 1) / splits)};
-}
+SplitPlan plan_splits(const at::Tensor& seq_lens, int64_t T, int64_t capacity, int granule, int64_t tiles,
+                      const char* op);
 
 // The CUDA decode kernels read cache rows in 16-byte packs: the cache's data pointer and every stride but the last
 // (the row's own) must be 16-byte multiples. Refuses `name` otherwise.

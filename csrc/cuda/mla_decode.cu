@@ -5,8 +5,8 @@
 //     shared memory holds its tiles (sm_80, sm_90, sm_100); elsewhere (sm_86, sm_89) the "fp32" kernel, whose results
 //     are within the native bound too;
 //   - precision "fp32": mla_decode_mma.cuh on the fp32 scaled query;
-// else the SIMT kernel of mla_decode.cuh. No host synchronisation: the split count comes from the block table's
-// capacity and the device's SM count, never from seq_lens' values.
+// else the SIMT kernel of mla_decode.cuh. The splits come from the split plan, made on the device from seq_lens
+// (split_plan.cuh): no host synchronisation.
 #include "cuda/launch.h"
 #include "kernels/head_project.cuh"
 #include "kernels/merge.cuh"
@@ -30,16 +30,6 @@ cudaError_t project(const Tensor& x, const std::optional<Tensor>& w, void* y, in
   return kernels::head_project<TX, TW, TY>(p, current_stream());
 }
 
-// The tiled kernel's plan: enough splits for about one block per SM over the batch's row tiles, each a whole number
-// of token tiles; from shapes only.
-KvSplits tiled_splits(int64_t T, int64_t H, int64_t max_blocks, int64_t block_size, int64_t bn) {
-  check_grid_tokens(T, "mla_decode_partial");
-  const int64_t capacity = max_blocks * block_size, blocks = T * ((H + kernels::kMlaRows - 1) / kernels::kMlaRows);
-  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(64, (capacity + bn - 1) / bn));
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(most, (sm_count() + blocks - 1) / blocks));
-  const int64_t per = (capacity + splits - 1) / splits;
-  return {splits, std::max<int64_t>(bn, (per + bn - 1) / bn * bn)};
-}
 }  // namespace
 
 std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
@@ -66,12 +56,15 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
   const int bn = native && has_mma_sync() ? kernels::mla_tiled_tokens(static_cast<int>(latent), static_cast<int>(rope),
                                                                        static_cast<int>(es), kernels::smem_optin_bytes())
                                           : 0;
-  const KvSplits plan = bn > 0 ? tiled_splits(d.T, d.Hq, d.max_blocks, d.block_size, bn)
-                               : kv_splits(d.T, d.max_blocks, d.block_size, "mla_decode_partial");
-  const int64_t splits = plan.splits, per_split = plan.per_split;
+  // blocks per work item: the kernel's head tiles (64 query heads a block tiled, 16 on mma.sync, 4 SIMT)
+  const bool mma = es == 2 && has_mma_sync() && (latent == 256 || latent == 512);
+  const int64_t rows = bn > 0 ? kernels::kMlaRows : mma ? 16 : kernels::kMlaHeads;
+  const SplitPlan plan = plan_splits(seq_lens, d.T, d.max_blocks * d.block_size, bn > 0 ? bn : 64,
+                                     (d.Hq + rows - 1) / rows, "mla_decode_partial");
+  DCP_CHECK_LAUNCH(plan.err, "mla_decode_partial");
   Tensor qs = new_output({d.T, d.Hq, DK}, bn > 0 ? q_nope.options() : f32);  // the staged query
-  Tensor part_o = new_output({splits, d.T, d.Hq, latent}, f32);
-  Tensor part_lse = new_output({splits, d.T, d.Hq}, f32);
+  Tensor part_o = new_output({plan.items, d.Hq, latent}, f32);
+  Tensor part_lse = new_output({plan.items, d.Hq}, f32);
   Tensor merged = w_uv.has_value() ? new_output({d.T, d.Hq, latent}, f32) : out;
   const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   const kernels::MlaParams p{bn > 0 ? nullptr : qs.data_ptr<float>(), bn > 0 ? qs.data_ptr() : nullptr,
@@ -79,14 +72,14 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                              block_table.data_ptr<int32_t>(), block_table.stride(0), seq_lens.data_ptr<int32_t>(),
                              static_cast<int>(d.T), static_cast<int>(d.Hq), static_cast<int>(d.num_blocks),
                              static_cast<int>(d.block_size), static_cast<int>(d.max_blocks),
-                             static_cast<int>(splits), static_cast<int>(per_split), part_o.data_ptr<float>(),
+                             plan.work.data_ptr<int32_t>(), plan.items, part_o.data_ptr<float>(),
                              part_lse.data_ptr<float>()};
   // the splits' LSE are ours (empty splits are -inf): propagate, so that a NaN one poisons its row
-  const kernels::MergeParams m{part_o.data_ptr(), d.T * d.Hq * latent, d.Hq * latent, latent,
-                               {part_lse.data_ptr<float>(), d.T * d.Hq, d.Hq, 1},
+  const kernels::MergeParams m{part_o.data_ptr(), d.Hq * latent, 0, latent,
+                               {part_lse.data_ptr<float>(), d.Hq, 0, 1},
                                merged.data_ptr(), d.Hq * latent, latent, lse.data_ptr<float>(), d.Hq, 1,
-                               static_cast<int>(splits), static_cast<int>(d.T), static_cast<int>(d.Hq),
-                               static_cast<int>(latent), 1.f, /*propagate=*/true};
+                               plan.items, static_cast<int>(d.T), static_cast<int>(d.Hq),
+                               static_cast<int>(latent), 1.f, /*propagate=*/true, plan.rows.data_ptr<int32_t>()};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q_nope.scalar_type(), "mla_decode_partial", [&] {
     cudaError_t e = cudaSuccess;
     if (bn > 0) {  // the absorbed query rounded once to the cache's type, unscaled (the kernel scales the scores)

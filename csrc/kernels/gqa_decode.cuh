@@ -1,7 +1,7 @@
-// Paged GQA decode attention, split-KV (torch-free). Pass 1: block (split, head tile, token) attends GT query heads
-// of one KV-head group over a range of local tokens, loading each K/V row once for the whole tile with 16-byte
-// loads; fp32 online softmax in base 2; writes a normalised fp32 partial and its natural LSE. Pass 2 merges the
-// splits (merge_kernel) into out [T, Hq, D] in the cache dtype and lse [T, Hq].
+// Paged GQA decode attention, split-KV (torch-free). Pass 1: block (work item, head tile) attends GT query heads
+// of one KV-head group over a work item's range of local tokens (split_plan.cuh), loading each K/V row once for the
+// whole tile with 16-byte loads; fp32 online softmax in base 2; writes a normalised fp32 partial and its natural
+// LSE. Pass 2 merges the splits (merge_kernel) into out [T, Hq, D] in the cache dtype and lse [T, Hq].
 // Block ids outside the cache, or lengths past the block table, are never read: those tokens are skipped (a GPU
 // kernel cannot raise; the CPU op rejects them).
 #pragma once
@@ -22,10 +22,12 @@ struct GqaParams {
   const int32_t* block_table;
   int64_t bt_st;
   const int32_t* seq_lens;
-  int T, Hq, Hkv, D, block_size, num_blocks, max_blocks, splits, tokens_per_split;
+  int T, Hq, Hkv, D, block_size, num_blocks, max_blocks;
+  const int32_t* work;  // the split plan's work items (split_plan.cuh), `items` of them
+  int items;
   float scale_log2;  // softmax scale * log2(e)
-  float* part_o;     // [splits, T, Hq, D] fp32, normalised
-  float* part_lse;   // [splits, T, Hq] natural log
+  float* part_o;     // [items, Hq, D] fp32, normalised
+  float* part_lse;   // [items, Hq] natural log
 };
 
 constexpr int kGqaWarps = 4;
@@ -34,8 +36,11 @@ constexpr int kGqaWarps = 4;
 template <typename T, int VEC, int LANES, int NC, int GT>
 __global__ void gqa_split_kernel(GqaParams p) {
   constexpr int SUBS = 32 / LANES, SLOTS = kGqaWarps * SUBS, W = VEC * NC;
-  const int split = blockIdx.x, tile = blockIdx.y, t = blockIdx.z;
-  const int G = p.Hq / p.Hkv, tiles = (G + GT - 1) / GT;
+  const int G = p.Hq / p.Hkv, tiles = (G + GT - 1) / GT, tile = blockIdx.x % (p.Hkv * tiles);
+  const int item = blockIdx.x / (p.Hkv * tiles);
+  const WorkItem wi = work_item(p.work, item);
+  if (wi.seq < 0) return;
+  const int t = wi.seq, j0 = wi.begin, j1 = wi.end;
   const int kvh = tile / tiles, g0 = (tile % tiles) * GT, ng = min(GT, G - g0);
   const int D = p.D;
   DCP_DYNAMIC_SMEM(float, smem);
@@ -58,9 +63,6 @@ __global__ void gqa_split_kernel(GqaParams p) {
 #pragma unroll
     for (int w = 0; w < W; ++w) acc[g][w] = 0.f;
   }
-  int len = p.seq_lens[t];
-  len = max(0, min(len, p.max_blocks * p.block_size));
-  const int j0 = split * p.tokens_per_split, j1 = min(len, j0 + p.tokens_per_split);
   const T* kbase = static_cast<const T*>(p.k) + kvh * p.k_sh;
   const T* vbase = static_cast<const T*>(p.v) + kvh * p.v_sh;
   for (int base = j0 + warp * SUBS; base < j1; base += kGqaWarps * SUBS) {  // warp-uniform trip count
@@ -94,7 +96,7 @@ __global__ void gqa_split_kernel(GqaParams p) {
   }
   store_slot<GT, NC, VEC, LANES>(st, slot, sl, D, m, l, acc);
   __syncthreads();
-  const int64_t row = (static_cast<int64_t>(split) * p.T + t) * p.Hq + kvh * G + g0;
+  const int64_t row = static_cast<int64_t>(item) * p.Hq + kvh * G + g0;
   combine_slots(st, SLOTS, GT, ng, D, p.part_o + row * D, p.part_lse + row);
 }
 
@@ -103,7 +105,7 @@ inline int gqa_smem_bytes(int GT, int D, int slots) { return GT * D * 4 + slot_s
 template <typename T, int VEC, int LANES, int NC, int GT>
 cudaError_t gqa_launch(const GqaParams& p, cudaStream_t stream) {
   const int G = p.Hq / p.Hkv;
-  const dim3 grid(p.splits, p.Hkv * ((G + GT - 1) / GT), p.T);
+  const dim3 grid(p.items * p.Hkv * ((G + GT - 1) / GT));
   const int smem = gqa_smem_bytes(GT, p.D, kGqaWarps * (32 / LANES));
   auto kernel = gqa_split_kernel<T, VEC, LANES, NC, GT>;
   DCP_LAUNCH(kernel, grid, dim3(32 * kGqaWarps), smem, stream, p);

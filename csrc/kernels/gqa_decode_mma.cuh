@@ -45,8 +45,11 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
   constexpr int KC = D / 32;     // key chunks per lane and token (two k-tiles each)
   constexpr int VH = D / 64;     // value chunks per lane and token
   constexpr bool ROWS16 = GT == 16;
-  const int split = blockIdx.x, tile = blockIdx.y, seq = blockIdx.z;
-  const int G = p.Hq / p.Hkv, tiles = (G + GT - 1) / GT;
+  const int G = p.Hq / p.Hkv, tiles = (G + GT - 1) / GT, tile = blockIdx.x % (p.Hkv * tiles);
+  const int item = blockIdx.x / (p.Hkv * tiles);
+  const WorkItem wi = work_item(p.work, item);
+  if (wi.seq < 0) return;
+  const int seq = wi.seq, j0 = wi.begin, j1 = wi.end;
   const int kvh = tile / tiles, g0 = (tile % tiles) * GT, ng = min(GT, G - g0);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   DCP_DYNAMIC_SMEM(float, smem);
@@ -78,9 +81,6 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
   m[0] = m[1] = -INFINITY;
   l[0] = l[1] = 0.f;
 
-  int len = p.seq_lens[seq];
-  len = max(0, min(len, p.max_blocks * p.block_size));
-  const int j0 = split * p.tokens_per_split, j1 = min(len, j0 + p.tokens_per_split);
   const T* kbase = static_cast<const T*>(p.k) + kvh * p.k_sh;
   const T* vbase = static_cast<const T*>(p.v) + kvh * p.v_sh;
   for (int s = j0 + 16 * warp; s < j1; s += 16 * kGqaMmaWarps) {  // warp-uniform
@@ -177,14 +177,14 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
       }
   }
   __syncthreads();
-  const int64_t row = (static_cast<int64_t>(split) * p.T + seq) * p.Hq + kvh * G + g0;
+  const int64_t row = static_cast<int64_t>(item) * p.Hq + kvh * G + g0;
   combine_slots(st, kGqaMmaWarps, GT, ng, D, p.part_o + row * D, p.part_lse + row);
 }
 
 template <typename T, int D, int GT, int PT>
 cudaError_t gqa_mma_launch(const GqaParams& p, cudaStream_t stream) {
   const int G = p.Hq / p.Hkv;
-  const dim3 grid(p.splits, p.Hkv * ((G + GT - 1) / GT), p.T);
+  const dim3 grid(p.items * p.Hkv * ((G + GT - 1) / GT));
   auto kernel = gqa_mma_kernel<T, D, GT, PT>;
   DCP_LAUNCH(kernel, grid, dim3(32 * kGqaMmaWarps), slot_smem_bytes(kGqaMmaWarps, GT, D), stream, p);
   return cudaGetLastError();

@@ -37,12 +37,13 @@ struct PackedLse {
 
 // Max and sum of exp over a row's N LSEs (read_lse): max = -inf when every partial is empty, NaN when one is NaN,
 // +inf when one is +inf and none is NaN (propagate only); sum only for a finite max.
+// The partials r0 .. r0 + N - 1 are read.
 template <typename Lse>
-__device__ __forceinline__ void lse_stats(const Lse& lse, int N, int64_t t, int64_t h, float ln_base, bool propagate,
-                                          float& mx, float& sum) {
+__device__ __forceinline__ void lse_stats(const Lse& lse, int r0, int N, int64_t t, int64_t h, float ln_base,
+                                          bool propagate, float& mx, float& sum) {
   mx = -INFINITY;
   bool nan = false;
-  for (int r = 0; r < N; ++r) {
+  for (int r = r0; r < r0 + N; ++r) {
     const float v = read_lse(lse(r, t, h), ln_base, propagate);
     nan |= isnan(v);
     mx = fmaxf(mx, v);
@@ -50,7 +51,7 @@ __device__ __forceinline__ void lse_stats(const Lse& lse, int N, int64_t t, int6
   if (nan) mx = NAN;
   sum = 0.f;
   if (isfinite(mx))
-    for (int r = 0; r < N; ++r) sum += __expf(read_lse(lse(r, t, h), ln_base, propagate) - mx);
+    for (int r = r0; r < r0 + N; ++r) sum += __expf(read_lse(lse(r, t, h), ln_base, propagate) - mx);
 }
 
 // The merged row's LSE from lse_stats: -inf (empty), NaN and +inf pass through.
@@ -74,6 +75,9 @@ struct MergeArgs {
   int N, T, H, D;
   float ln_base;
   bool propagate;            // nonfinite_lse="propagate" (see the top of this file)
+  // A split plan's partials (split_plan.cuh), or null: row t merges partials rows[t] .. rows[t] + rows[T + t] - 1,
+  // with so_t and the LSE's t stride 0 (none: an empty row, out 0 and LSE -inf).
+  const int32_t* rows = nullptr;
 };
 using MergeParams = MergeArgs<StridedLse>;
 
@@ -83,8 +87,9 @@ __global__ void merge_kernel(MergeArgs<Lse> p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= static_cast<int64_t>(p.T) * p.H) return;
   const int64_t t = row / p.H, h = row % p.H;
+  const int r0 = p.rows != nullptr ? p.rows[t] : 0, N = p.rows != nullptr ? p.rows[p.T + t] : p.N;
   float mx, sum;
-  lse_stats(p.lses, p.N, t, h, p.ln_base, p.propagate, mx, sum);
+  lse_stats(p.lses, r0, N, t, h, p.ln_base, p.propagate, mx, sum);
   if (threadIdx.x == 0) p.lse[t * p.lse_st + h * p.lse_sh] = merged_lse(mx, sum);
   const float inv = isfinite(mx) ? 1.f / sum : 0.f;
   const TIn* src = static_cast<const TIn*>(p.outs) + t * p.so_t + h * p.so_h;
@@ -93,7 +98,7 @@ __global__ void merge_kernel(MergeArgs<Lse> p) {
     float acc[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
-    for (int r = 0; r < p.N; ++r) {
+    for (int r = r0; r < r0 + N; ++r) {
       const float w = merge_weight(read_lse(p.lses(r, t, h), p.ln_base, p.propagate), mx, inv);
       if (w == 0.f) continue;  // an empty partial may hold NaN; it must not leak
       const Pack<TIn, VEC> x = *reinterpret_cast<const Pack<TIn, VEC>*>(src + r * p.so_n + d);
@@ -155,7 +160,7 @@ __global__ void correct_kernel(CorrectParams p) {
   if (row >= static_cast<int64_t>(p.T) * p.H) return;
   const int64_t t = row / p.H, h = row % p.H;
   float mx, sum;
-  lse_stats(p.lses, p.N, t, h, p.ln_base, p.propagate, mx, sum);
+  lse_stats(p.lses, 0, p.N, t, h, p.ln_base, p.propagate, mx, sum);
   if (threadIdx.x == 0) p.total[row] = merged_lse(mx, sum);
   const float w = merge_weight(read_lse(p.lses(p.rank, t, h), p.ln_base, p.propagate), mx, 1.f / sum);
   T* dst = static_cast<T*>(p.out) + t * p.st + h * p.sh;

@@ -1,11 +1,11 @@
 // Paged MLA decode attention, split-KV (torch-free). One latent "KV head" shared by every query head: keys are whole
-// cache rows (latent then rope), values their latent part. Pass 1: block (split, head tile, token) attends kMlaHeads
-// query heads over a range of local tokens; a warp loads each row once per step (16-byte latent packs, one rope
-// load per lane) and uses it for every head of the tile, scores and values alike; fp32 online softmax in base 2.
-// It writes a normalised fp32 partial and its natural LSE. The query comes in fp32, already absorbed (w_uk) and
-// scaled by head_project; the launcher merges the splits (merge_kernel) and applies w_uv (head_project).
-// Block ids outside the cache, or lengths past the block table, are never read: those tokens are skipped (a GPU
-// kernel cannot raise; the CPU op rejects them).
+// cache rows (latent then rope), values their latent part. Pass 1: block (work item, head tile) attends kMlaHeads
+// query heads over a work item's range of local tokens (split_plan.cuh); a warp loads each row once per step
+// (16-byte latent packs, one rope load per lane) and uses it for every head of the tile, scores and values alike;
+// fp32 online softmax in base 2. It writes a normalised fp32 partial and its natural LSE. The query comes in fp32,
+// already absorbed (w_uk) and scaled by head_project; the launcher merges the splits (merge_kernel) and applies w_uv
+// (head_project). Block ids outside the cache, or lengths past the block table, are never read: those tokens are
+// skipped (a GPU kernel cannot raise; the CPU op rejects them).
 #pragma once
 
 #include "kernels/common.cuh"
@@ -22,9 +22,11 @@ struct MlaParams {
   const int32_t* block_table;
   int64_t bt_st;
   const int32_t* seq_lens;
-  int T, H, num_blocks, block_size, max_blocks, splits, tokens_per_split;
-  float* part_o;    // [splits, T, H, DL] fp32, normalised
-  float* part_lse;  // [splits, T, H] natural log
+  int T, H, num_blocks, block_size, max_blocks;
+  const int32_t* work;  // the split plan's work items (split_plan.cuh), `items` of them
+  int items;
+  float* part_o;    // [items, H, DL] fp32, normalised
+  float* part_lse;  // [items, H] natural log
 };
 
 constexpr int kMlaWarps = 4, kMlaHeads = 4;  // token streams per block, query heads per block
@@ -35,8 +37,10 @@ __global__ void mla_split_kernel(MlaParams p) {
   constexpr int VEC = (16 / sizeof(T)) < (DL / 32) ? (16 / sizeof(T)) : (DL / 32), NC = DL / (32 * VEC);
   constexpr int LP = NC * VEC, RP = DR / 32, GT = kMlaHeads, DK = DL + DR;
   static_assert(DL % (32 * VEC) == 0 && DR % 32 == 0, "latent and rope dims must split evenly over 32 lanes");
-  const int split = blockIdx.x, h0 = blockIdx.y * GT, t = blockIdx.z;
-  const int ng = min(GT, p.H - h0);
+  const int tiles = (p.H + GT - 1) / GT, item = blockIdx.x / tiles, h0 = blockIdx.x % tiles * GT;
+  const WorkItem wi = work_item(p.work, item);
+  if (wi.seq < 0) return;
+  const int t = wi.seq, j0 = wi.begin, j1 = wi.end, ng = min(GT, p.H - h0);
   DCP_DYNAMIC_SMEM(float, smem);
   const SlotState st(smem, kMlaWarps, GT);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -52,9 +56,6 @@ __global__ void mla_split_kernel(MlaParams p) {
 #pragma unroll
     for (int e = 0; e < RP; ++e) qr[g][LP + e] = qh[DL + lane * RP + e];
   }
-  int len = p.seq_lens[t];
-  len = max(0, min(len, p.max_blocks * p.block_size));
-  const int j0 = split * p.tokens_per_split, j1 = min(len, j0 + p.tokens_per_split);
   const T* kv = static_cast<const T*>(p.kv);
   for (int j = j0 + warp; j < j1; j += kMlaWarps) {  // one token per warp and step: warp-uniform branches
     const int64_t block = p.block_table[t * p.bt_st + j / p.block_size];
@@ -83,13 +84,13 @@ __global__ void mla_split_kernel(MlaParams p) {
   }
   store_slot<GT, NC, VEC, 32>(st, warp, lane, DL, m, l, acc);
   __syncthreads();
-  const int64_t first = (static_cast<int64_t>(split) * p.T + t) * p.H + h0;
+  const int64_t first = static_cast<int64_t>(item) * p.H + h0;
   combine_slots(st, kMlaWarps, GT, ng, DL, p.part_o + first * DL, p.part_lse + first);
 }
 
 template <typename T, int DL, int DR>
 cudaError_t mla_launch(const MlaParams& p, cudaStream_t stream) {
-  const dim3 grid(p.splits, (p.H + kMlaHeads - 1) / kMlaHeads, p.T);
+  const dim3 grid(p.items * ((p.H + kMlaHeads - 1) / kMlaHeads));
   auto kernel = mla_split_kernel<T, DL, DR>;
   DCP_LAUNCH(kernel, grid, dim3(32 * kMlaWarps), slot_smem_bytes(kMlaWarps, kMlaHeads, DL), stream, p);
   return cudaGetLastError();

@@ -33,7 +33,10 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
   constexpr int NW = DL / 64, DK = DL + DR, CH = DK / 8;  // warps; a row: CH chunks of 8 elements (16 bytes)
   constexpr int CG = DK / 32, CGW = (CG + NW - 1) / NW;  // key chunk groups of 32 dims; per warp at most
   static_assert(DL % 256 == 0 && DR % 64 == 0, "latent a multiple of 256, rope of 64");
-  const int split = blockIdx.y, seq = blockIdx.z, h0 = blockIdx.x * 16, ng = min(16, p.H - h0);
+  const int tiles = (p.H + 15) / 16, item = blockIdx.x / tiles, h0 = blockIdx.x % tiles * 16, ng = min(16, p.H - h0);
+  const WorkItem wi = work_item(p.work, item);
+  if (wi.seq < 0) return;
+  const int seq = wi.seq, j0 = wi.begin, j1 = wi.end;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   DCP_DYNAMIC_SMEM(float, smem);
   float* part = smem;                                            // [warps][2][32][4] partial scores
@@ -57,9 +60,6 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
         for (int k = 0; k < 3; ++k) qa[i][h][k][r4] = terms[k];
       }
 
-  int len = p.seq_lens[seq];
-  len = max(0, min(len, p.max_blocks * p.block_size));
-  const int j0 = split * p.tokens_per_split, j1 = min(len, j0 + p.tokens_per_split);
   const T* kv = static_cast<const T*>(p.kv);
   auto row_of = [&](int j) -> int64_t {  // token j's row offset, or -1 when it is not read
     if (j >= j1) return -1;
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int row = g + 8 * r;
     if (row >= ng) continue;
-    const int64_t prow = (static_cast<int64_t>(split) * p.T + seq) * p.H + h0 + row;
+    const int64_t prow = static_cast<int64_t>(item) * p.H + h0 + row;
     float* o = p.part_o + prow * DL + 64 * warp;
     float inv, lse;
     finish_row(m[r], l[r], inv, lse);
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
 
 template <typename T, int DL, int DR>
 cudaError_t mla_mma_launch(const MlaParams& p, cudaStream_t stream) {
-  const dim3 grid((p.H + 15) / 16, p.splits, p.T);  // a split's head tiles side by side: they share its rows in L2
+  const dim3 grid(p.items * ((p.H + 15) / 16));  // an item's head tiles side by side: they share its rows in L2
   auto kernel = mla_mma_kernel<T, DL, DR>;
   const int smem = mla_mma_smem_bytes<DL / 64, DL + DR, T>();
   DCP_LAUNCH(kernel, grid, dim3(DL / 2), smem, stream, p);

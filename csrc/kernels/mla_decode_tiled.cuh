@@ -48,11 +48,15 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
   constexpr int TPR = 32 * kMlaTiledWarps / BN;           // copying threads per KV row
   static_assert(DL % 256 == 0 && DR % 64 == 0 && (BN == 32 || BN == 64), "latent 256 / 512, rope 0 / 64");
   static_assert(CH % 8 == 0 && CH % TPR == 0 && NT % 2 == 0 && NV % 2 == 0, "tile shapes");
-  const int h0 = blockIdx.x * kMlaRows, split = blockIdx.y, seq = blockIdx.z, nrows = min(kMlaRows, p.H - h0);
+  const int tiles_h = (p.H + kMlaRows - 1) / kMlaRows, item = blockIdx.x / tiles_h;
+  const int h0 = blockIdx.x % tiles_h * kMlaRows, nrows = min(kMlaRows, p.H - h0);
+  const WorkItem wi = work_item(p.work, item);
+  if (wi.seq < 0) return;
+  const int seq = wi.seq, j0 = wi.begin, j1 = wi.end;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
   // a block's row r: its query row and its partial's row
   auto qrow = [&](int r) { return static_cast<int64_t>(seq) * p.H + h0 + r; };
-  auto orow = [&](int r) { return (static_cast<int64_t>(split) * p.T + seq) * p.H + h0 + r; };
+  auto orow = [&](int r) { return static_cast<int64_t>(item) * p.H + h0 + r; };
 
   DCP_DYNAMIC_SMEM(float, smem);
   T* sQ = reinterpret_cast<T*>(smem);   // [64][DK]
@@ -63,9 +67,6 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
   float* sAlpha = sSum + 2 * kMlaRows;  // [64]: this tile's rescale of each row
   int* sValid = reinterpret_cast<int*>(sAlpha + kMlaRows);  // [2][BN]: whether a stage's token was read
 
-  int len = p.seq_lens[seq];
-  len = max(0, min(len, p.max_blocks * p.block_size));
-  const int j0 = split * p.tokens_per_split, j1 = min(len, j0 + p.tokens_per_split);
   const int tiles = j1 > j0 ? (j1 - j0 + BN - 1) / BN : 0;
   const T* kv = static_cast<const T*>(p.kv);
   const T* q16 = static_cast<const T*>(p.q16);
@@ -285,7 +286,7 @@ inline int mla_tiled_tokens(int latent, int rope, int elem_bytes, int smem_optin
 
 template <typename T, int DL, int DR, int BN>
 cudaError_t mla_tiled_launch(const MlaParams& p, cudaStream_t stream) {
-  const dim3 grid((p.H + kMlaRows - 1) / kMlaRows, p.splits, p.T);  // a split's row tiles side by side (L2)
+  const dim3 grid(p.items * ((p.H + kMlaRows - 1) / kMlaRows));  // an item's row tiles side by side (L2)
   auto kernel = mla_tiled_kernel<T, DL, DR, BN>;
   constexpr int smem = mla_tiled_smem_bytes<DL + DR, BN, T>();
 #ifndef DCP_SIMT

@@ -7,6 +7,15 @@
 
 namespace dcp_ops::kernels {
 
+// Work item i of a split pass, from the split plan (split_plan.cuh): query token `seq`'s local tokens [begin, end),
+// written as partial row block i; seq < 0: an unused item, whose blocks return at once.
+struct WorkItem {
+  int seq, begin, end;
+};
+__device__ __forceinline__ WorkItem work_item(const int32_t* work, int i) {
+  return {work[3 * i], work[3 * i + 1], work[3 * i + 2]};
+}
+
 template <int LANES>
 __device__ __forceinline__ float group_sum(float x) {  // sum over aligned groups of LANES lanes
 #pragma unroll

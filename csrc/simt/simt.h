@@ -266,6 +266,8 @@ inline float __fdividef(float a, float b) { return a / b; }
 // exp2f, log2f, fmaxf come from <cmath>.
 inline int min(int a, int b) { return a < b ? a : b; }  // CUDA's integer min/max
 inline int max(int a, int b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
 using std::fmaxf;
 using std::isnan;
 using std::isfinite;

@@ -7,6 +7,7 @@
 #include "cuda/gqa_decode.cu"
 #include "cuda/merge.cu"
 #include "cuda/mla_decode.cu"
+#include "cuda/split_plan.cu"
 #include "cuda/write_kv.cu"
 #include "schemas.h"
 #include "selftest_kernels.cuh"
@@ -49,6 +50,14 @@ static Tensor divergent_barrier() {
   return out;
 }
 
+// The decode launchers' split plan (kernels/split_plan.cuh) for seq_lens, as made under the executor (8 SMs).
+static std::tuple<Tensor, Tensor> split_plan(const Tensor& seq_lens, int64_t capacity, int64_t granule, int64_t tiles) {
+  const dcp_ops::SplitPlan plan = dcp_ops::plan_splits(seq_lens, seq_lens.size(0), capacity, granule, tiles,
+                                                       "split_plan");
+  TORCH_CHECK(plan.err == cudaSuccess, "split_plan: launch failed");
+  return {plan.work, plan.rows};
+}
+
 TORCH_LIBRARY(dcp_ops_simt, m) {
   using namespace dcp_ops::schema;  // the public ops' schemas, so a test calls each CUDA kernel as the op is called
   m.def(kGqaDecodePartial, &dcp_ops::gqa_decode_partial_cuda);
@@ -58,6 +67,7 @@ TORCH_LIBRARY(dcp_ops_simt, m) {
   m.def(kPackExchange, &dcp_ops::pack_exchange_cuda);
   m.def(kMergeExchange, &dcp_ops::merge_exchange_cuda);
   m.def(kWriteKv, &dcp_ops::write_kv_cuda);
+  m.def("split_plan(Tensor seq_lens, int capacity, int granule, int tiles) -> (Tensor, Tensor)", &split_plan);
   m.def("warp_reduce(Tensor x) -> (Tensor, Tensor)", &warp_reduce);
   m.def("transpose32(Tensor x) -> Tensor", &transpose32);
   m.def("histogram(Tensor x, int bins) -> Tensor", &histogram);
