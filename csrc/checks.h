@@ -59,16 +59,17 @@ inline void check_dense_tail(const at::Tensor& t, int64_t from, const char* op, 
   }
 }
 
-// Paged-cache metadata: block_table [B, max_blocks] int32, seq_lens [B] int32, on the cache's device.
+// Paged-cache metadata: block_table [rows, max_blocks] int32, seq_lens [batch] int32, on the cache's device; rows is
+// batch, or B with cu_seqlens_q.
 inline void check_paged_meta(const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& cache,
-                             int64_t batch, const char* op) {
+                             int64_t rows, int64_t batch, const char* op) {
   check_dim(block_table, 2, op, "block_table", "[B, max_blocks]");
   check_dtype(block_table, at::kInt, op, "block_table");
   check_dim(seq_lens, 1, op, "seq_lens", "[B]");
   check_dtype(seq_lens, at::kInt, op, "seq_lens");
   check_same_device(block_table, cache, op, "block_table", "the cache");
   check_same_device(seq_lens, cache, op, "seq_lens", "the cache");
-  check_size(block_table, 0, batch, op, "block_table", "batch, one row per query token (decode: T == B)");
+  check_size(block_table, 0, rows, op, "block_table", "batch, one row per query token (decode: T == B)");
   check_size(seq_lens, 0, batch, op, "seq_lens", "batch, one length per query token (decode: T == B)");
   check_last_contiguous(block_table, op, "block_table");
   check_contiguous(seq_lens, op, "seq_lens");

@@ -25,19 +25,20 @@ Precision parse_precision(c10::string_view precision, const char* op);  // refus
 // (true; they poison the row); any other value is refused by name.
 bool parse_nonfinite_lse(c10::string_view nonfinite_lse, const char* op);
 
-// Multi-token decode (docs/design.md §6): with cu_seqlens_q [B + 1], query token t belongs to block-table row b with
-// cu[b] <= t < cu[b + 1]; returns the block table with one row per query token, gathered on its device with no host
-// read, which the kernels then take as in plain decode (seq_lens [T] holds each query's causal length). Without
-// cu_seqlens_q, block_table itself. cu_seqlens_q's values are checked where it is on the CPU.
-Tensor query_block_table(const Tensor& block_table, const std::optional<Tensor>& cu_seqlens_q, const Tensor& q,
-                         const char* op);
+// Multi-token decode (docs/design.md §6): with cu_seqlens_q [B + 1] (checked by validate_gqa / validate_mla; its
+// values where it is on the CPU), query token t belongs to block-table row b with cu[b] <= t < cu[b + 1], and
+// seq_lens [T] holds each query's causal length. query_block_table returns the block table with one row per query
+// token (of T), gathered on its device with no host read, which the CPU kernels take as in plain decode; without
+// cu_seqlens_q, block_table itself. The CUDA split passes take block_table and cu_seqlens_q as they are (the split
+// plan puts a sequence's query tokens in the same blocks).
+Tensor query_block_table(const Tensor& block_table, const std::optional<Tensor>& cu_seqlens_q, int64_t T);
 
 // Validation (csrc/validate.cpp): dtypes, ranks, shapes, devices and strides; no tensor values are read.
 DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
-                        const Tensor& seq_lens, double scale);
+                        const Tensor& seq_lens, double scale, const std::optional<Tensor>& cu_seqlens_q);
 DecodeDims validate_mla(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache, const Tensor& block_table,
                         const Tensor& seq_lens, double scale, const std::optional<Tensor>& w_uk,
-                        const std::optional<Tensor>& w_uv);
+                        const std::optional<Tensor>& w_uv, const std::optional<Tensor>& cu_seqlens_q);
 void validate_merge(const Tensor& outs, const Tensor& lses, double lse_base, const char* op);
 void validate_correct(const Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
 void validate_pack_exchange(const Tensor& out, const Tensor& lse, const Tensor& send);

@@ -22,16 +22,18 @@ bool parse_nonfinite_lse(c10::string_view nonfinite_lse, const char* op) {
                     "\"");
 }
 
-Tensor query_block_table(const Tensor& block_table, const std::optional<Tensor>& cu_seqlens_q, const Tensor& q,
-                         const char* op) {
-  if (!cu_seqlens_q.has_value()) return block_table;
+// cu_seqlens_q's checks (its values where it is on the CPU); returns the block table's expected rows: B with
+// cu_seqlens_q, else T.
+static int64_t check_cu_seqlens_q(const Tensor& block_table, const std::optional<Tensor>& cu_seqlens_q, int64_t T,
+                                  const char* op) {
+  if (!cu_seqlens_q.has_value()) return T;
   const Tensor& cu = *cu_seqlens_q;
   check_dim(block_table, 2, op, "block_table", "[B, max_blocks]");
   check_dim(cu, 1, op, "cu_seqlens_q", "[B + 1]");
   check_dtype(cu, at::kInt, op, "cu_seqlens_q");
   check_same_device(cu, block_table, op, "cu_seqlens_q", "block_table");
   check_contiguous(cu, op, "cu_seqlens_q");
-  const int64_t B = block_table.size(0), T = q.dim() > 0 ? q.size(0) : 0;
+  const int64_t B = block_table.size(0);
   check_size(cu, 0, B + 1, op, "cu_seqlens_q", "B + 1, one more than block_table's rows");
   if (cu.device().is_cpu()) {
     const int32_t* c = cu.data_ptr<int32_t>();
@@ -41,6 +43,13 @@ Tensor query_block_table(const Tensor& block_table, const std::optional<Tensor>&
                 c[b + 1], " < cu_seqlens_q[", b, "] = ", c[b]);
     DCP_CHECK(c[B] == T, op, "cu_seqlens_q[B = ", B, "] must be the number of query tokens T = ", T, ", got ", c[B]);
   }
+  return B;
+}
+
+Tensor query_block_table(const Tensor& block_table, const std::optional<Tensor>& cu_seqlens_q, int64_t T) {
+  if (!cu_seqlens_q.has_value()) return block_table;
+  const Tensor& cu = *cu_seqlens_q;
+  const int64_t B = block_table.size(0);
   if (B == 0 || T == 0) return block_table.new_empty({T, block_table.size(1)});
   const Tensor token = at::arange(T, cu.options());
   const Tensor row = at::searchsorted(cu.slice(0, 1), token, /*out_int32=*/true, /*right=*/true).clamp_max(B - 1);
@@ -60,7 +69,7 @@ static void check_scale(double scale, const char* op) {
 }
 
 DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
-                        const Tensor& seq_lens, double scale) {
+                        const Tensor& seq_lens, double scale, const std::optional<Tensor>& cu_seqlens_q) {
   constexpr const char* op = "gqa_decode_partial";
   check_dim(q, 3, op, "q", "[T, H_q, D]");
   check_dim(k_cache, 4, op, "k_cache", "[num_blocks, block_size, H_kv, D]");
@@ -87,7 +96,7 @@ DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   check_last_contiguous(q, op, "q");
   check_last_contiguous(k_cache, op, "k_cache");
   check_last_contiguous(v_cache, op, "v_cache");
-  check_paged_meta(block_table, seq_lens, k_cache, d.T, op);
+  check_paged_meta(block_table, seq_lens, k_cache, check_cu_seqlens_q(block_table, cu_seqlens_q, d.T, op), d.T, op);
   d.max_blocks = block_table.size(1);
   check_scale(scale, op);
   return d;
@@ -95,7 +104,7 @@ DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 
 DecodeDims validate_mla(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache, const Tensor& block_table,
                         const Tensor& seq_lens, double scale, const std::optional<Tensor>& w_uk,
-                        const std::optional<Tensor>& w_uv) {
+                        const std::optional<Tensor>& w_uv, const std::optional<Tensor>& cu_seqlens_q) {
   constexpr const char* op = "mla_decode_partial";
   check_dim(q_nope, 3, op, "q_nope", "[T, H, D_latent] or [T, H, D_nope] with w_uk");
   check_dim(q_pe, 3, op, "q_pe", "[T, H, D_rope]");
@@ -143,7 +152,7 @@ DecodeDims validate_mla(const Tensor& q_nope, const Tensor& q_pe, const Tensor& 
   check_last_contiguous(q_nope, op, "q_nope");
   check_last_contiguous(q_pe, op, "q_pe");
   check_last_contiguous(kv_cache, op, "kv_cache");
-  check_paged_meta(block_table, seq_lens, kv_cache, d.T, op);
+  check_paged_meta(block_table, seq_lens, kv_cache, check_cu_seqlens_q(block_table, cu_seqlens_q, d.T, op), d.T, op);
   d.max_blocks = block_table.size(1);
   check_scale(scale, op);
   return d;

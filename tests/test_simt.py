@@ -305,58 +305,97 @@ def test_decode_cuda_sources_skip_blocks_outside_the_cache(simt_ops, kind):
     assert_lse_matches(lse, r_lse, f"{kind} lse, out-of-range blocks skipped")
 
 
-def _check_split_plan(lens, capacity, granule, tiles, work, rows):
-    """The plan's invariants (kernels/split_plan.cuh): each query token's items cover its clamped length exactly once,
-    in order, as consecutive items; no budget holds more than B tiles; one wave of ctas = 8 // tiles budgets."""
-    T, ctas = len(lens), max(1, 8 // tiles)
-    assert work.shape == (ctas + T - 1, 3) and rows.shape == (2, T)
+def _check_split_plan(lens, cu, capacity, granule, G, Hkv, R, work, unit, tok, sms=8):
+    """The plan's invariants (kernels/split_plan.cuh): units of R (query token, head) rows per sequence and KV head;
+    each unit's items cover its longest row's clamped length once, in order, as consecutive items whose rows are the
+    unit's; no budget of one wave (one block per SM) holds more than B tiles; every other item unused."""
+    T = len(lens)
+    seqs = [(b, 1) for b in range(T)] if cu is None else [(cu[b], cu[b + 1] - cu[b]) for b in range(len(cu) - 1)]
     clamped = [max(0, min(n, capacity)) for n in lens]
-    tiles_of = [-(-n // granule) for n in clamped]
-    B = max(1, -(-sum(tiles_of) // ctas))
-    owner = {}
-    for t, n in enumerate(clamped):
-        first, count = int(rows[0, t]), int(rows[1, t])
-        assert count == 0 if n == 0 else count >= 1, (t, n, count)
+    units = []  # (b, t0, kvh, rt, rows, length)
+    for b, (t0, n) in enumerate(seqs):
+        rts = -(-n * G // R)
+        for q in range(n):
+            assert tok[t0 + q].tolist() == [len(units), q * G, rts], (t0 + q, tok[t0 + q].tolist())
+        for kvh in range(Hkv):
+            for rt in range(rts):
+                rows = min(R, n * G - rt * R)
+                length = max(clamped[t0 + q] for q in range(rt * R // G, (rt * R + rows - 1) // G + 1))
+                units.append((b, t0, kvh, rt, rows, length))
+    tiles = [-(-u[5] // granule) for u in units]
+    budget = max(1, -(-sum(tiles) // sms))
+    owner, load = {}, [0] * sms
+    for u, (b, t0, kvh, rt, rows, length) in enumerate(units):
+        first, count = unit[u].tolist()
+        assert count == 0 if length == 0 else count >= 1, (u, length, count)
         pos = 0
         for i in range(first, first + count):
-            seq, a, b = work[i].tolist()
-            assert (seq, a) == (t, pos) and a < b <= n, (t, i, work[i].tolist())
-            assert a % granule == 0 and (b % granule == 0 or b == n)
-            owner[i] = t
-            pos = b
-        assert pos == n, (t, pos, n)
+            it = work[i].tolist()
+            assert it[:5] == [b, t0, rows, kvh, rt * R] and it[5] == pos and pos < it[6] <= length, (u, i, it)
+            assert it[5] % granule == 0 and (it[6] % granule == 0 or it[6] == length)
+            owner[i] = u
+            load[i - u] += -(-(it[6] - it[5]) // granule)
+            pos = it[6]
+        assert pos == length, (u, pos, length)
     for i in range(work.shape[0]):
-        if i not in owner:
-            assert int(work[i, 0]) == -1, (i, work[i].tolist())
-    # budget i holds the pieces of items i + t: at most B tiles of work per block of one wave
-    load = [0] * ctas
-    for i, t in owner.items():
-        load[i - t] += -(-(int(work[i, 2]) - int(work[i, 1])) // granule)
-    assert max(load, default=0) <= B and sum(load) == sum(tiles_of)
+        assert i in owner or int(work[i, 0]) == -1, (i, work[i].tolist())
+    assert max(load) <= budget and sum(load) == sum(tiles)
 
 
-@pytest.mark.parametrize("case", range(12))
-def test_split_plan_covers_every_query_token_once_and_fills_one_wave(simt_ops, case):
-    # the decode launchers' device-side plan: random mixes of lengths (0, past the capacity, one long among short)
+@pytest.mark.parametrize("case", range(16))
+def test_split_plan_covers_every_row_once_and_fills_one_wave(simt_ops, case):
+    # the decode launchers' device-side plan: random mixes of lengths (0, past the capacity, one long among short),
+    # of query tokens per sequence (multi-token decode), heads per KV head, KV heads and rows per block
     gen = torch.Generator().manual_seed(case)
-    T = [1, 2, 3, 7, 40, 300][case % 6]
+    B = [1, 2, 3, 7, 40, 300][case % 6]
     capacity = [64, 1000, 4096][case % 3]
+    n_q = torch.randint(0 if case % 5 == 4 else 1, 5, (B,), generator=gen) if case % 2 else torch.ones(B, dtype=int)
+    cu = [0] + torch.cumsum(n_q, 0).tolist()
+    T = cu[-1]
     lens = torch.randint(-3, capacity + 200, (T,), generator=gen, dtype=torch.int32)
-    if case % 4 == 1:
+    if case % 4 == 1 and T > 0:
         lens[:] = torch.randint(0, 5, (T,), generator=gen, dtype=torch.int32)
         lens[0] = capacity
-    granule, tiles = [64, 32, 16, 1][case % 4], [1, 2, 3, 16][case // 3 % 4]
-    work, rows = simt_ops.split_plan(lens, capacity, granule, tiles)
-    _check_split_plan(lens.tolist(), capacity, granule, tiles, work, rows)
+    granule = [64, 32, 16, 1][case % 4]
+    G, Hkv, R = [(1, 8, 8), (4, 2, 8), (8, 1, 16), (128, 1, 64), (16, 1, 64), (5, 1, 4), (8, 4, 2), (2, 1, 1)][case % 8]
+    cu_t = torch.tensor(cu, dtype=torch.int32) if case % 2 else None
+    work, unit, tok = simt_ops.split_plan(lens, cu_t, capacity, granule, G, Hkv, R)
+    _check_split_plan(lens.tolist(), cu if case % 2 else None, capacity, granule, G, Hkv, R, work, unit, tok)
 
 
-@pytest.mark.parametrize("tiles", [1, 2])
-def test_split_plan_gives_one_long_sequence_a_block_per_sm(simt_ops, tiles):
-    # batch 1 (the case a capacity-based plan leaves to a few blocks): every SM of the wave gets an equal piece
-    work, rows = simt_ops.split_plan(torch.tensor([4096], dtype=torch.int32), 1 << 20, 64, tiles)
-    ctas = 8 // tiles
-    assert rows.tolist() == [[0], [ctas]]
-    assert work.tolist() == [[0, 4096 // ctas * i, 4096 // ctas * (i + 1)] for i in range(ctas)]
+@pytest.mark.parametrize("G,R", [(1, 1), (128, 64)])
+def test_split_plan_gives_one_long_sequence_a_block_per_sm(simt_ops, G, R):
+    # batch 1 (the case a capacity-based plan leaves to a few blocks): the wave's 8 blocks get equal pieces
+    work, unit, tok = simt_ops.split_plan(torch.tensor([4096], dtype=torch.int32), None, 1 << 20, 64, G, 1, R)
+    units = G // R
+    per = 4096 * units // 8
+    assert tok.tolist() == [[0, 0, units]]
+    pieces = [(u, a, min(4096, a + per)) for u in range(units) for a in range(0, 4096, per)]
+    assert unit.tolist() == [[u * (1 + 8 // units), 8 // units] for u in range(units)]
+    used = [w for w in work.tolist() if w[0] >= 0]
+    assert [(w[4] // R, w[5], w[6]) for w in used] == pieces
+
+
+@pytest.mark.parametrize("cu", [[0, 5, 2, 3], [2, 1, 0, 3], [-4, 9, 9, 1], [0, 0, 0, 7]])
+def test_split_plan_stays_in_bounds_for_a_malformed_cu_seqlens_q(simt_ops, cu):
+    # on a GPU cu_seqlens_q's values are not read by the host: a malformed one must not make the plan (and so the
+    # split pass) touch rows outside [0, T); the ops refuse it by name where it is on the CPU
+    lens = torch.tensor([5, 9, 2], dtype=torch.int32)
+    work, unit, tok = simt_ops.split_plan(lens, torch.tensor(cu, dtype=torch.int32), 64, 4, 4, 2, 8)
+    for w in work.tolist():
+        if w[0] >= 0:
+            assert 0 <= w[0] < 3 and 0 <= w[1] and w[1] + (w[4] + w[2] - 1) // 4 < 3 and 0 <= w[5] < w[6] <= 9, w
+    for t in tok.tolist():
+        assert t[0] == -1 or 0 <= t[0] + 2 * t[2] - 1 < unit.shape[0], t
+
+
+def test_split_plan_shares_a_sequences_tiles_among_its_query_tokens(simt_ops):
+    # MTP: 16 heads x 4 query tokens = the 64 rows of one tiled-kernel block, so each KV tile is read once for all
+    lens = torch.tensor([997, 998, 999, 1000], dtype=torch.int32)
+    work, unit, tok = simt_ops.split_plan(lens, torch.tensor([0, 4], dtype=torch.int32), 1 << 20, 64, 16, 1, 64)
+    assert tok.tolist() == [[0, 16 * q, 1] for q in range(4)] and unit.tolist() == [[0, 8]]
+    used = [w for w in work.tolist() if w[0] >= 0]
+    assert len(used) == 8 and all(w[:5] == [0, 0, 64, 0, 0] for w in used) and used[-1][6] == 1000
 
 
 @pytest.mark.parametrize("precision", ["native", "fp32"])

@@ -82,9 +82,9 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor&
                                                   const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
                                                   c10::string_view precision,
                                                   const std::optional<Tensor>& cu_seqlens_q) {
-  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, q, "gqa_decode_partial");
   parse_precision(precision, "gqa_decode_partial");  // exact under both: it passes the native bound too
-  const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table, seq_lens, scale);
+  const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table_arg, seq_lens, scale, cu_seqlens_q);
+  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, d.T);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "gqa_decode_partial");
   std::vector<float> q32(d.T * d.Hq * d.Dk);
   stage_rows(q, scale * kLog2e, q32.data(), d.Dk, 0);
@@ -111,9 +111,9 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
                                                   const std::optional<Tensor>& w_uk,
                                                   const std::optional<Tensor>& w_uv, c10::string_view precision,
                                                   const std::optional<Tensor>& cu_seqlens_q) {
-  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, q_nope, "mla_decode_partial");
   parse_precision(precision, "mla_decode_partial");  // exact under both: it passes the native bound too
-  const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv);
+  const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table_arg, seq_lens, scale, w_uk, w_uv, cu_seqlens_q);
+  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, d.T);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "mla_decode_partial");
   // Query rows [latent | rope] in fp32, times scale * log2(e); the latent part absorbed through w_uk if given (in
   // place, fp32 accumulation; staged here rather than by ATen ops, which after a decode step's cache traffic took

@@ -1,6 +1,6 @@
-// CUDA launcher of gqa_decode_partial: the split plan (made on the device from seq_lens), the split-KV pass (on
-// tensor cores for 16-bit caches with head dims 64 and 128 on sm_80 and later, else the SIMT kernel), then the merge
-// of the splits. No host synchronisation.
+// CUDA launcher of gqa_decode_partial: the split plan (made on the device from seq_lens and cu_seqlens_q), the
+// split-KV pass (on tensor cores for 16-bit caches with head dims 64 and 128 on sm_80 and later, else the SIMT
+// kernel), then the merge of the splits. No host synchronisation.
 #include "cuda/launch.h"
 #include "kernels/gqa_decode_mma.cuh"
 #include "ops.h"
@@ -8,12 +8,11 @@
 namespace dcp_ops {
 
 std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                                   const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
+                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                    c10::string_view precision,
                                                    const std::optional<Tensor>& cu_seqlens_q) {
-  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, q, "gqa_decode_partial");
   const bool native = parse_precision(precision, "gqa_decode_partial") == Precision::kNative;
-  const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table, seq_lens, scale);
+  const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table, seq_lens, scale, cu_seqlens_q);
   DCP_CUDA_GUARD(q);
   TORCH_CHECK(kernels::gqa_supported_head_dim(static_cast<int>(d.Dk), static_cast<int>(q.element_size())),
               "gqa_decode_partial: the CUDA kernel takes head dims 64, 128 and 256, got ", d.Dk);
@@ -22,31 +21,34 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
   Tensor out = new_output({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = new_output({d.T, d.Hq}, q.options().dtype(at::kFloat));
   if (d.T == 0 || d.Hq == 0) return {out, lse};  // an empty grid is a launch error
-  // blocks per work item: the kernel's head tiles (gqa_split_pass: 8 or 16 query heads of a KV head per block)
-  const int64_t G = d.Hq / d.Hkv;
+  // Query rows per block R: a sequence's rows for one KV head (G heads x its query tokens, from the batch's mean)
+  // as the kernel takes them: 8 or 16 on tensor cores, a power of two up to 8 in the SIMT kernel.
+  const int64_t G = d.Hq / d.Hkv, B = block_table.size(0);
+  const int64_t rows = G * (cu_seqlens_q.has_value() ? (d.T + std::max<int64_t>(B, 1) - 1) / std::max<int64_t>(B, 1) : 1);
   const bool mma = q.element_size() == 2 && has_mma_sync() && (d.Dk == 64 || d.Dk == 128);
-  const int64_t gt = mma && G > 8 ? 16 : 8;
-  const SplitPlan plan = plan_splits(seq_lens, d.T, d.max_blocks * d.block_size, 64, d.Hkv * ((G + gt - 1) / gt),
-                                     "gqa_decode_partial");
+  const int R = mma ? (rows > 8 ? 16 : 8) : rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+  const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, cu_seqlens_q.has_value() ? B : d.T,
+                                     d.max_blocks * d.block_size, 64, G, d.Hkv, R, "gqa_decode_partial");
   DCP_CHECK_LAUNCH(plan.err, "gqa_decode_partial");
   auto f32 = q.options().dtype(at::kFloat);
-  Tensor part_o = new_output({plan.items, d.Hq, d.Dv}, f32);
-  Tensor part_lse = new_output({plan.items, d.Hq}, f32);
+  Tensor part_o = new_output({plan.items, R, d.Dv}, f32);
+  Tensor part_lse = new_output({plan.items, R}, f32);
   kernels::GqaParams p{q.data_ptr(), q.stride(0), q.stride(1),
                        k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                        v_cache.data_ptr(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                        block_table.data_ptr<int32_t>(), block_table.stride(0), seq_lens.data_ptr<int32_t>(),
                        static_cast<int>(d.T), static_cast<int>(d.Hq), static_cast<int>(d.Hkv), static_cast<int>(d.Dk),
                        static_cast<int>(d.block_size), static_cast<int>(d.num_blocks), static_cast<int>(d.max_blocks),
-                       plan.work.data_ptr<int32_t>(), plan.items,
+                       plan.work.data_ptr<int32_t>(), plan.items, R,
                        static_cast<float>(scale * 1.4426950408889634), part_o.data_ptr<float>(),
                        part_lse.data_ptr<float>()};
   // the splits' LSE are ours (empty splits are -inf): propagate, so that a NaN one poisons its row
-  const kernels::MergeParams m{part_o.data_ptr(), d.Hq * d.Dv, 0, d.Dv,
-                               {part_lse.data_ptr<float>(), d.Hq, 0, 1},
+  const kernels::MergeParams m{part_o.data_ptr(), R * d.Dv, 0, d.Dv,
+                               {part_lse.data_ptr<float>(), R, 0, 1},
                                out.data_ptr(), d.Hq * d.Dv, d.Dv, lse.data_ptr<float>(), d.Hq, 1,
                                plan.items, static_cast<int>(d.T), static_cast<int>(d.Hq),
-                               static_cast<int>(d.Dv), 1.f, /*propagate=*/true, plan.rows.data_ptr<int32_t>()};
+                               static_cast<int>(d.Dv), 1.f, /*propagate=*/true,
+                               {plan.tok.data_ptr<int32_t>(), plan.unit.data_ptr<int32_t>(), static_cast<int>(G), R}};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q.scalar_type(), "gqa_decode_partial", [&] {
     cudaError_t e = kernels::gqa_split_pass<scalar_t>(p, current_stream(), has_mma_sync(), native);
     return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());

@@ -46,16 +46,17 @@ inline int sm_count() {
 
 namespace dcp_ops {
 // The split-KV plan of a decode launch (kernels/split_plan.cuh; csrc/cuda/split_plan.cu), launched on the current
-// stream: work items over the actual lengths seq_lens [T] (read on the device only), in tiles of `granule` tokens,
-// budgeted so that one wave of the split pass fills the device: one block per SM, `tiles` blocks (head tiles) per
-// work item. `work` and `rows` are what the split pass and the merge read; `err` the planner's launch status.
+// stream from seq_lens [T] and cu_seqlens_q [B + 1] (when given; read on the device only): work items of R query
+// rows (query token, head) over tiles of `granule` tokens, budgeted so that one wave of the split pass (one block per
+// SM) covers the batch. G query heads per KV head, Hkv KV heads. `work` is what the split pass reads, `unit` and
+// `tok` what the merge reads (kernels::PlanRows); `err` the planner's launch status.
 struct SplitPlan {
-  at::Tensor work, rows;
+  at::Tensor work, unit, tok;
   int items;
   cudaError_t err;
 };
-SplitPlan plan_splits(const at::Tensor& seq_lens, int64_t T, int64_t capacity, int granule, int64_t tiles,
-                      const char* op);
+SplitPlan plan_splits(const at::Tensor& seq_lens, const std::optional<at::Tensor>& cu_seqlens_q, int64_t T, int64_t B,
+                      int64_t capacity, int granule, int64_t G, int64_t Hkv, int R, const char* op);
 
 // The CUDA decode kernels read cache rows in 16-byte packs: the cache's data pointer and every stride but the last
 // (the row's own) must be 16-byte multiples. Refuses `name` otherwise.

@@ -33,13 +33,12 @@ cudaError_t project(const Tensor& x, const std::optional<Tensor>& w, void* y, in
 }  // namespace
 
 std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
-                                                   const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
+                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                    const std::optional<Tensor>& w_uk,
                                                    const std::optional<Tensor>& w_uv, c10::string_view precision,
                                                    const std::optional<Tensor>& cu_seqlens_q) {
-  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, q_nope, "mla_decode_partial");
   const bool native = parse_precision(precision, "mla_decode_partial") == Precision::kNative;
-  const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv);
+  const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv, cu_seqlens_q);
   DCP_CUDA_GUARD(q_nope);
   const int64_t latent = d.Dv, rope = q_pe.size(2), es = q_nope.element_size();
   TORCH_CHECK(kernels::mla_supported_dims(static_cast<int>(latent), static_cast<int>(rope)),
@@ -56,15 +55,16 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
   const int bn = native && has_mma_sync() ? kernels::mla_tiled_tokens(static_cast<int>(latent), static_cast<int>(rope),
                                                                        static_cast<int>(es), kernels::smem_optin_bytes())
                                           : 0;
-  // blocks per work item: the kernel's head tiles (64 query heads a block tiled, 16 on mma.sync, 4 SIMT)
+  // query rows (query token, head) per block: 64 tiled, 16 on mma.sync, 4 SIMT
   const bool mma = es == 2 && has_mma_sync() && (latent == 256 || latent == 512);
-  const int64_t rows = bn > 0 ? kernels::kMlaRows : mma ? 16 : kernels::kMlaHeads;
-  const SplitPlan plan = plan_splits(seq_lens, d.T, d.max_blocks * d.block_size, bn > 0 ? bn : 64,
-                                     (d.Hq + rows - 1) / rows, "mla_decode_partial");
+  const int R = bn > 0 ? kernels::kMlaRows : mma ? 16 : kernels::kMlaHeads;
+  const int64_t B = cu_seqlens_q.has_value() ? block_table.size(0) : d.T;
+  const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, B, d.max_blocks * d.block_size, bn > 0 ? bn : 64,
+                                     d.Hq, 1, R, "mla_decode_partial");
   DCP_CHECK_LAUNCH(plan.err, "mla_decode_partial");
   Tensor qs = new_output({d.T, d.Hq, DK}, bn > 0 ? q_nope.options() : f32);  // the staged query
-  Tensor part_o = new_output({plan.items, d.Hq, latent}, f32);
-  Tensor part_lse = new_output({plan.items, d.Hq}, f32);
+  Tensor part_o = new_output({plan.items, R, latent}, f32);
+  Tensor part_lse = new_output({plan.items, R}, f32);
   Tensor merged = w_uv.has_value() ? new_output({d.T, d.Hq, latent}, f32) : out;
   const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   const kernels::MlaParams p{bn > 0 ? nullptr : qs.data_ptr<float>(), bn > 0 ? qs.data_ptr() : nullptr,
@@ -75,11 +75,12 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                              plan.work.data_ptr<int32_t>(), plan.items, part_o.data_ptr<float>(),
                              part_lse.data_ptr<float>()};
   // the splits' LSE are ours (empty splits are -inf): propagate, so that a NaN one poisons its row
-  const kernels::MergeParams m{part_o.data_ptr(), d.Hq * latent, 0, latent,
-                               {part_lse.data_ptr<float>(), d.Hq, 0, 1},
+  const kernels::MergeParams m{part_o.data_ptr(), R * latent, 0, latent,
+                               {part_lse.data_ptr<float>(), R, 0, 1},
                                merged.data_ptr(), d.Hq * latent, latent, lse.data_ptr<float>(), d.Hq, 1,
                                plan.items, static_cast<int>(d.T), static_cast<int>(d.Hq),
-                               static_cast<int>(latent), 1.f, /*propagate=*/true, plan.rows.data_ptr<int32_t>()};
+                               static_cast<int>(latent), 1.f, /*propagate=*/true,
+                               {plan.tok.data_ptr<int32_t>(), plan.unit.data_ptr<int32_t>(), static_cast<int>(d.Hq), R}};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q_nope.scalar_type(), "mla_decode_partial", [&] {
     cudaError_t e = cudaSuccess;
     if (bn > 0) {  // the absorbed query rounded once to the cache's type, unscaled (the kernel scales the scores)

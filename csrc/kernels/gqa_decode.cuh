@@ -1,9 +1,9 @@
-// Paged GQA decode attention, split-KV (torch-free). Pass 1: block (work item, head tile) attends GT query heads
-// of one KV-head group over a work item's range of local tokens (split_plan.cuh), loading each K/V row once for the
-// whole tile with 16-byte loads; fp32 online softmax in base 2; writes a normalised fp32 partial and its natural
-// LSE. Pass 2 merges the splits (merge_kernel) into out [T, Hq, D] in the cache dtype and lse [T, Hq].
-// Block ids outside the cache, or lengths past the block table, are never read: those tokens are skipped (a GPU
-// kernel cannot raise; the CPU op rejects them).
+// Paged GQA decode attention, split-KV (torch-free). Pass 1: a block attends a work item's GT query rows ((query token,
+// head) pairs of one KV head, each masked at its own length) over its range of local tokens (split_plan.cuh), loading
+// each K/V row once for the whole tile with 16-byte loads; fp32 online softmax in base 2; writes a normalised fp32
+// partial and its natural LSE. Pass 2 merges the splits (merge_kernel) into out [T, Hq, D] in the cache dtype and lse
+// [T, Hq]. Block ids outside the cache, or lengths past the block table, are never read: those tokens are skipped (a
+// GPU kernel cannot raise; the CPU op rejects them).
 #pragma once
 
 #include "kernels/common.cuh"
@@ -24,10 +24,10 @@ struct GqaParams {
   const int32_t* seq_lens;
   int T, Hq, Hkv, D, block_size, num_blocks, max_blocks;
   const int32_t* work;  // the split plan's work items (split_plan.cuh), `items` of them
-  int items;
+  int items, R;         // R query rows per item: the kernel's GT
   float scale_log2;  // softmax scale * log2(e)
-  float* part_o;     // [items, Hq, D] fp32, normalised
-  float* part_lse;   // [items, Hq] natural log
+  float* part_o;     // [items, R, D] fp32, normalised
+  float* part_lse;   // [items, R] natural log
 };
 
 constexpr int kGqaWarps = 4;
@@ -36,27 +36,27 @@ constexpr int kGqaWarps = 4;
 template <typename T, int VEC, int LANES, int NC, int GT>
 __global__ void gqa_split_kernel(GqaParams p) {
   constexpr int SUBS = 32 / LANES, SLOTS = kGqaWarps * SUBS, W = VEC * NC;
-  const int G = p.Hq / p.Hkv, tiles = (G + GT - 1) / GT, tile = blockIdx.x % (p.Hkv * tiles);
-  const int item = blockIdx.x / (p.Hkv * tiles);
+  const int G = p.Hq / p.Hkv, item = blockIdx.x;
   const WorkItem wi = work_item(p.work, item);
-  if (wi.seq < 0) return;
-  const int t = wi.seq, j0 = wi.begin, j1 = wi.end;
-  const int kvh = tile / tiles, g0 = (tile % tiles) * GT, ng = min(GT, G - g0);
-  const int D = p.D;
+  if (wi.b < 0) return;
+  const int seq = wi.b, j0 = wi.begin, j1 = wi.end, kvh = wi.kvh, ng = wi.n, D = p.D;
   DCP_DYNAMIC_SMEM(float, smem);
   float* qs = smem;                             // [GT][D] scaled query
   const SlotState st(qs + GT * D, SLOTS, GT);   // token streams' softmax states
   for (int i = threadIdx.x; i < GT * D; i += blockDim.x) {
     const int g = i / D, d = i % D;
-    qs[i] = g < ng ? to_f32(static_cast<const T*>(p.q)[t * p.q_st + (kvh * G + g0 + g) * p.q_sh + d]) * p.scale_log2
+    qs[i] = g < ng ? to_f32(static_cast<const T*>(p.q)[wi.token(g, G) * p.q_st + wi.head(g, G) * p.q_sh + d]) *
+                         p.scale_log2
                    : 0.f;
   }
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int sub = lane / LANES, sl = lane % LANES, slot = warp * SUBS + sub;
   float qr[GT][W], acc[GT][W], m[GT], l[GT];
+  int len[GT];  // each row's own length: the query tokens of a sequence share the tile (multi-token decode)
 #pragma unroll
   for (int g = 0; g < GT; ++g) {
+    len[g] = row_len(wi, g, G, p.seq_lens, p.max_blocks * p.block_size);
     m[g] = -INFINITY;
     l[g] = 0.f;
     lane_columns<NC, VEC, LANES>(qs + g * D, sl, qr[g]);
@@ -67,7 +67,7 @@ __global__ void gqa_split_kernel(GqaParams p) {
   const T* vbase = static_cast<const T*>(p.v) + kvh * p.v_sh;
   for (int base = j0 + warp * SUBS; base < j1; base += kGqaWarps * SUBS) {  // warp-uniform trip count
     const int j = base + sub;
-    const int64_t block = j < j1 ? p.block_table[t * p.bt_st + j / p.block_size] : -1;
+    const int64_t block = j < j1 ? p.block_table[seq * p.bt_st + j / p.block_size] : -1;
     const bool valid = block >= 0 && block < p.num_blocks;
     const int64_t off = j % p.block_size;
     float kf[W], vf[W];
@@ -91,12 +91,12 @@ __global__ void gqa_split_kernel(GqaParams p) {
 #pragma unroll
       for (int w = 0; w < W; ++w) s += qr[g][w] * kf[w];
       s = group_sum<LANES>(s);
-      if (valid) online_update<W>(s, vf, m[g], l[g], acc[g]);
+      if (valid && j < len[g]) online_update<W>(s, vf, m[g], l[g], acc[g]);
     }
   }
   store_slot<GT, NC, VEC, LANES>(st, slot, sl, D, m, l, acc);
   __syncthreads();
-  const int64_t row = static_cast<int64_t>(item) * p.Hq + kvh * G + g0;
+  const int64_t row = static_cast<int64_t>(item) * GT;
   combine_slots(st, SLOTS, GT, ng, D, p.part_o + row * D, p.part_lse + row);
 }
 
@@ -104,21 +104,19 @@ inline int gqa_smem_bytes(int GT, int D, int slots) { return GT * D * 4 + slot_s
 
 template <typename T, int VEC, int LANES, int NC, int GT>
 cudaError_t gqa_launch(const GqaParams& p, cudaStream_t stream) {
-  const int G = p.Hq / p.Hkv;
-  const dim3 grid(p.items * p.Hkv * ((G + GT - 1) / GT));
+  const dim3 grid(p.items);
   const int smem = gqa_smem_bytes(GT, p.D, kGqaWarps * (32 / LANES));
   auto kernel = gqa_split_kernel<T, VEC, LANES, NC, GT>;
   DCP_LAUNCH(kernel, grid, dim3(32 * kGqaWarps), smem, stream, p);
   return cudaGetLastError();
 }
 
-// Head tile GT: the group size rounded up to a power of two, at most 8 (larger groups take several tiles).
+// Rows per block GT = p.R, which gqa_rows chooses.
 template <typename T, int VEC, int LANES, int NC>
 cudaError_t gqa_by_group(const GqaParams& p, cudaStream_t stream) {
-  const int G = p.Hq / p.Hkv;
-  if (G <= 1) return gqa_launch<T, VEC, LANES, NC, 1>(p, stream);
-  if (G <= 2) return gqa_launch<T, VEC, LANES, NC, 2>(p, stream);
-  if (G <= 4) return gqa_launch<T, VEC, LANES, NC, 4>(p, stream);
+  if (p.R == 1) return gqa_launch<T, VEC, LANES, NC, 1>(p, stream);
+  if (p.R == 2) return gqa_launch<T, VEC, LANES, NC, 2>(p, stream);
+  if (p.R == 4) return gqa_launch<T, VEC, LANES, NC, 4>(p, stream);
   return gqa_launch<T, VEC, LANES, NC, 8>(p, stream);
 }
 

@@ -1,7 +1,7 @@
 // Paged GQA decode attention on tensor cores (bf16 / fp16 caches, head dims 64 and 128, sm_80 and later): the split
-// pass of gqa_decode.cuh with the scores and P.V of each 16-token step as mma.sync m16n8k16 products. The query heads
-// of one KV head are the 16 rows (GT = 8 of them for groups up to 8, else 16 per head tile); the softmax is updated
-// once per step, not once per token. Same parameters, outputs and merge as the SIMT kernel.
+// pass of gqa_decode.cuh with the scores and P.V of each 16-token step as mma.sync m16n8k16 products. The rows are the
+// work item's (query token, head) pairs of one KV head (GT = p.R = 8 of the 16 rows, or 16), so the query tokens of a
+// sequence share each K/V read; the softmax is updated once per step, not once per token. Same parameters, outputs and merge as the SIMT kernel.
 //
 // Registers, for lane = 4 * g + t of a warp, in a step of tokens s .. s + 15:
 //   scores (Q K^T, k = head dims): a lane loads 16-byte chunks t, t + 4, ... of token s + 8 n + g's key (n = 0, 1),
@@ -45,22 +45,23 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
   constexpr int KC = D / 32;     // key chunks per lane and token (two k-tiles each)
   constexpr int VH = D / 64;     // value chunks per lane and token
   constexpr bool ROWS16 = GT == 16;
-  const int G = p.Hq / p.Hkv, tiles = (G + GT - 1) / GT, tile = blockIdx.x % (p.Hkv * tiles);
-  const int item = blockIdx.x / (p.Hkv * tiles);
+  const int G = p.Hq / p.Hkv, item = blockIdx.x;
   const WorkItem wi = work_item(p.work, item);
-  if (wi.seq < 0) return;
-  const int seq = wi.seq, j0 = wi.begin, j1 = wi.end;
-  const int kvh = tile / tiles, g0 = (tile % tiles) * GT, ng = min(GT, G - g0);
+  if (wi.b < 0) return;
+  const int seq = wi.b, j0 = wi.begin, j1 = wi.end, kvh = wi.kvh, ng = wi.n;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   DCP_DYNAMIC_SMEM(float, smem);
   const SlotState st(smem, kGqaMmaWarps, GT);
 
-  // Query fragments: rows g and g + 8 (heads g0 + row), k order of the key chunks (see above).
+  // Query fragments: rows g and g + 8 (the item's rows: query token, head), k order of the key chunks (see above).
   uint32_t qa[2 * KC][4];
   {
-    const T* q = static_cast<const T*>(p.q) + seq * p.q_st + (kvh * G + g0) * p.q_sh;
+    const T* q = static_cast<const T*>(p.q);
+    const T* qrow[2] = {q + wi.token(g, G) * p.q_st + wi.head(g, G) * p.q_sh,
+                        q + wi.token(g + 8, G) * p.q_st + wi.head(g + 8, G) * p.q_sh};
     auto word = [&](int row, int dim) {
-      return row < ng ? pack2(q[row * p.q_sh + dim], q[row * p.q_sh + dim + 1]) : 0u;
+      const T* qr = qrow[row >= 8];
+      return row < ng ? pack2(qr[dim], qr[dim + 1]) : 0u;
     };
 #pragma unroll
     for (int i = 0; i < KC; ++i)
@@ -80,6 +81,9 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
     for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
   m[0] = m[1] = -INFINITY;
   l[0] = l[1] = 0.f;
+  // each row's own length: the query tokens of a sequence share the tile (multi-token decode)
+  const int cap = p.max_blocks * p.block_size;
+  const int len[2] = {row_len(wi, g, G, p.seq_lens, cap), row_len(wi, g + 8, G, p.seq_lens, cap)};
 
   const T* kbase = static_cast<const T*>(p.k) + kvh * p.k_sh;
   const T* vbase = static_cast<const T*>(p.v) + kvh * p.v_sh;
@@ -140,7 +144,8 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) x[u][e] = valid[u][e] ? sc[u][2 * r + e] * p.scale_log2 : -INFINITY;
+        for (int e = 0; e < 2; ++e)
+          x[u][e] = valid[u][e] && s + 8 * u + 2 * t + e < len[r] ? sc[u][2 * r + e] * p.scale_log2 : -INFINITY;
       softmax_step<T, PT>(x, r, m[r], l[r], acc, ph, pl);
     }
     if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
@@ -177,14 +182,13 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
       }
   }
   __syncthreads();
-  const int64_t row = static_cast<int64_t>(item) * p.Hq + kvh * G + g0;
+  const int64_t row = static_cast<int64_t>(item) * GT;
   combine_slots(st, kGqaMmaWarps, GT, ng, D, p.part_o + row * D, p.part_lse + row);
 }
 
 template <typename T, int D, int GT, int PT>
 cudaError_t gqa_mma_launch(const GqaParams& p, cudaStream_t stream) {
-  const int G = p.Hq / p.Hkv;
-  const dim3 grid(p.items * p.Hkv * ((G + GT - 1) / GT));
+  const dim3 grid(p.items);
   auto kernel = gqa_mma_kernel<T, D, GT, PT>;
   DCP_LAUNCH(kernel, grid, dim3(32 * kGqaMmaWarps), slot_smem_bytes(kGqaMmaWarps, GT, D), stream, p);
   return cudaGetLastError();
@@ -194,7 +198,7 @@ cudaError_t gqa_mma_launch(const GqaParams& p, cudaStream_t stream) {
 // has them (sm_80 and later), else the SIMT kernel of gqa_decode.cuh; P in 1 term (native) or 2 (fp32).
 template <typename T, int PT>
 cudaError_t gqa_mma_dispatch(const GqaParams& p, cudaStream_t stream) {
-  const bool wide = p.Hq / p.Hkv > 8;
+  const bool wide = p.R == 16;
   if (p.D == 64) return wide ? gqa_mma_launch<T, 64, 16, PT>(p, stream) : gqa_mma_launch<T, 64, 8, PT>(p, stream);
   return wide ? gqa_mma_launch<T, 128, 16, PT>(p, stream) : gqa_mma_launch<T, 128, 8, PT>(p, stream);
 }

@@ -63,6 +63,25 @@ __device__ __forceinline__ float merge_weight(float v, float mx, float inv) {
   return v == -INFINITY ? 0.f : isfinite(mx) ? __expf(v - mx) * inv : NAN;
 }
 
+// The partials of a split plan (split_plan.cuh): partial rows [items, R], so_n (and the LSE's sn) an item's stride
+// and so_h (sh) a row's. Query token t's head h reads partial row rho % R of items r0 .. r0 + N - 1 of its unit; none
+// (N = 0): an empty row, out 0 and LSE -inf.
+struct PlanRows {
+  const int32_t* tok = nullptr;   // [T][3]: unit base (-1: none), first row, row tiles per KV head
+  const int32_t* unit = nullptr;  // [units][2]: first item, item count
+  int G = 1, R = 1;               // query heads per KV head, rows per item
+  __device__ __forceinline__ void locate(int64_t t, int64_t h, int& r0, int& N, int64_t& row) const {
+    const int32_t* tk = tok + 3 * t;
+    r0 = N = 0;
+    row = 0;
+    if (tk[0] < 0) return;
+    const int rho = tk[1] + static_cast<int>(h % G), u = tk[0] + static_cast<int>(h / G) * tk[2] + rho / R;
+    r0 = unit[2 * u];
+    N = unit[2 * u + 1];
+    row = rho % R;
+  }
+};
+
 template <typename Lse>
 struct MergeArgs {
   const void* outs;
@@ -75,9 +94,7 @@ struct MergeArgs {
   int N, T, H, D;
   float ln_base;
   bool propagate;            // nonfinite_lse="propagate" (see the top of this file)
-  // A split plan's partials (split_plan.cuh), or null: row t merges partials rows[t] .. rows[t] + rows[T + t] - 1,
-  // with so_t and the LSE's t stride 0 (none: an empty row, out 0 and LSE -inf).
-  const int32_t* rows = nullptr;
+  PlanRows plan = {};        // a split plan's partials, or none (plan.tok null)
 };
 using MergeParams = MergeArgs<StridedLse>;
 
@@ -87,19 +104,24 @@ __global__ void merge_kernel(MergeArgs<Lse> p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= static_cast<int64_t>(p.T) * p.H) return;
   const int64_t t = row / p.H, h = row % p.H;
-  const int r0 = p.rows != nullptr ? p.rows[t] : 0, N = p.rows != nullptr ? p.rows[p.T + t] : p.N;
+  int r0 = 0, N = p.N;
+  int64_t pt = t, ph = h;  // the partials' (t, h)
+  if (p.plan.tok != nullptr) {
+    p.plan.locate(t, h, r0, N, ph);
+    pt = 0;
+  }
   float mx, sum;
-  lse_stats(p.lses, r0, N, t, h, p.ln_base, p.propagate, mx, sum);
+  lse_stats(p.lses, r0, N, pt, ph, p.ln_base, p.propagate, mx, sum);
   if (threadIdx.x == 0) p.lse[t * p.lse_st + h * p.lse_sh] = merged_lse(mx, sum);
   const float inv = isfinite(mx) ? 1.f / sum : 0.f;
-  const TIn* src = static_cast<const TIn*>(p.outs) + t * p.so_t + h * p.so_h;
+  const TIn* src = static_cast<const TIn*>(p.outs) + pt * p.so_t + ph * p.so_h;
   TOut* dst = static_cast<TOut*>(p.out) + t * p.out_st + h * p.out_sh;
   for (int d = threadIdx.x * VEC; d < p.D; d += blockDim.x * VEC) {
     float acc[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
     for (int r = r0; r < r0 + N; ++r) {
-      const float w = merge_weight(read_lse(p.lses(r, t, h), p.ln_base, p.propagate), mx, inv);
+      const float w = merge_weight(read_lse(p.lses(r, pt, ph), p.ln_base, p.propagate), mx, inv);
       if (w == 0.f) continue;  // an empty partial may hold NaN; it must not leak
       const Pack<TIn, VEC> x = *reinterpret_cast<const Pack<TIn, VEC>*>(src + r * p.so_n + d);
 #pragma unroll

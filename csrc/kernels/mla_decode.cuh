@@ -1,11 +1,11 @@
 // Paged MLA decode attention, split-KV (torch-free). One latent "KV head" shared by every query head: keys are whole
-// cache rows (latent then rope), values their latent part. Pass 1: block (work item, head tile) attends kMlaHeads
-// query heads over a work item's range of local tokens (split_plan.cuh); a warp loads each row once per step
-// (16-byte latent packs, one rope load per lane) and uses it for every head of the tile, scores and values alike;
-// fp32 online softmax in base 2. It writes a normalised fp32 partial and its natural LSE. The query comes in fp32,
-// already absorbed (w_uk) and scaled by head_project; the launcher merges the splits (merge_kernel) and applies w_uv
-// (head_project). Block ids outside the cache, or lengths past the block table, are never read: those tokens are
-// skipped (a GPU kernel cannot raise; the CPU op rejects them).
+// cache rows (latent then rope), values their latent part. Pass 1: a block attends a work item's kMlaHeads query rows
+// ((query token, head) pairs, each masked at its own length) over its range of local tokens (split_plan.cuh); a warp
+// loads each row once per step (16-byte latent packs, one rope load per lane) and uses it for every head of the tile,
+// scores and values alike; fp32 online softmax in base 2. It writes a normalised fp32 partial and its natural LSE. The
+// query comes in fp32, already absorbed (w_uk) and scaled by head_project; the launcher merges the splits
+// (merge_kernel) and applies w_uv (head_project). Block ids outside the cache, or lengths past the block table, are
+// never read: those tokens are skipped (a GPU kernel cannot raise; the CPU op rejects them).
 #pragma once
 
 #include "kernels/common.cuh"
@@ -25,8 +25,8 @@ struct MlaParams {
   int T, H, num_blocks, block_size, max_blocks;
   const int32_t* work;  // the split plan's work items (split_plan.cuh), `items` of them
   int items;
-  float* part_o;    // [items, H, DL] fp32, normalised
-  float* part_lse;  // [items, H] natural log
+  float* part_o;    // [items, R, DL] fp32, normalised; R the kernel's rows per block
+  float* part_lse;  // [items, R] natural log
 };
 
 constexpr int kMlaWarps = 4, kMlaHeads = 4;  // token streams per block, query heads per block
@@ -37,17 +37,20 @@ __global__ void mla_split_kernel(MlaParams p) {
   constexpr int VEC = (16 / sizeof(T)) < (DL / 32) ? (16 / sizeof(T)) : (DL / 32), NC = DL / (32 * VEC);
   constexpr int LP = NC * VEC, RP = DR / 32, GT = kMlaHeads, DK = DL + DR;
   static_assert(DL % (32 * VEC) == 0 && DR % 32 == 0, "latent and rope dims must split evenly over 32 lanes");
-  const int tiles = (p.H + GT - 1) / GT, item = blockIdx.x / tiles, h0 = blockIdx.x % tiles * GT;
+  const int item = blockIdx.x;
   const WorkItem wi = work_item(p.work, item);
-  if (wi.seq < 0) return;
-  const int t = wi.seq, j0 = wi.begin, j1 = wi.end, ng = min(GT, p.H - h0);
+  if (wi.b < 0) return;
+  const int seq = wi.b, j0 = wi.begin, j1 = wi.end, ng = wi.n;
   DCP_DYNAMIC_SMEM(float, smem);
   const SlotState st(smem, kMlaWarps, GT);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float qr[GT][LP + RP], acc[GT][LP], m[GT], l[GT];
+  int len[GT];  // each row's own length: the query tokens of a sequence share the tile (multi-token decode)
 #pragma unroll
   for (int g = 0; g < GT; ++g) {
-    const float* qh = p.q + (static_cast<int64_t>(t) * p.H + h0 + min(g, ng - 1)) * DK;  // padding heads: a copy
+    const int gr = min(g, ng - 1);  // padding rows: a copy of the last row, never stored
+    const float* qh = p.q + (static_cast<int64_t>(wi.token(gr, p.H)) * p.H + wi.head(gr, p.H)) * DK;
+    len[g] = row_len(wi, g, p.H, p.seq_lens, p.max_blocks * p.block_size);
     m[g] = -INFINITY;
     l[g] = 0.f;
     lane_columns<NC, VEC, 32>(qh, lane, qr[g]);
@@ -58,7 +61,7 @@ __global__ void mla_split_kernel(MlaParams p) {
   }
   const T* kv = static_cast<const T*>(p.kv);
   for (int j = j0 + warp; j < j1; j += kMlaWarps) {  // one token per warp and step: warp-uniform branches
-    const int64_t block = p.block_table[t * p.bt_st + j / p.block_size];
+    const int64_t block = p.block_table[seq * p.bt_st + j / p.block_size];
     if (block < 0 || block >= p.num_blocks) continue;
     const T* row = kv + block * p.kv_sb + static_cast<int64_t>(j % p.block_size) * p.kv_st;
     float kf[LP + RP];
@@ -79,18 +82,18 @@ __global__ void mla_split_kernel(MlaParams p) {
 #pragma unroll
       for (int w = 0; w < LP + RP; ++w) s += qr[g][w] * kf[w];
       s = group_sum<32>(s);
-      online_update<LP>(s, kf, m[g], l[g], acc[g]);  // values: the first LP of the lane's elements
+      if (j < len[g]) online_update<LP>(s, kf, m[g], l[g], acc[g]);  // values: the lane's first LP elements
     }
   }
   store_slot<GT, NC, VEC, 32>(st, warp, lane, DL, m, l, acc);
   __syncthreads();
-  const int64_t first = static_cast<int64_t>(item) * p.H + h0;
+  const int64_t first = static_cast<int64_t>(item) * GT;
   combine_slots(st, kMlaWarps, GT, ng, DL, p.part_o + first * DL, p.part_lse + first);
 }
 
 template <typename T, int DL, int DR>
 cudaError_t mla_launch(const MlaParams& p, cudaStream_t stream) {
-  const dim3 grid(p.items * ((p.H + kMlaHeads - 1) / kMlaHeads));
+  const dim3 grid(p.items);
   auto kernel = mla_split_kernel<T, DL, DR>;
   DCP_LAUNCH(kernel, grid, dim3(32 * kMlaWarps), slot_smem_bytes(kMlaWarps, kMlaHeads, DL), stream, p);
   return cudaGetLastError();

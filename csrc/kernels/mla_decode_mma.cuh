@@ -33,10 +33,10 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
   constexpr int NW = DL / 64, DK = DL + DR, CH = DK / 8;  // warps; a row: CH chunks of 8 elements (16 bytes)
   constexpr int CG = DK / 32, CGW = (CG + NW - 1) / NW;  // key chunk groups of 32 dims; per warp at most
   static_assert(DL % 256 == 0 && DR % 64 == 0, "latent a multiple of 256, rope of 64");
-  const int tiles = (p.H + 15) / 16, item = blockIdx.x / tiles, h0 = blockIdx.x % tiles * 16, ng = min(16, p.H - h0);
+  const int item = blockIdx.x;
   const WorkItem wi = work_item(p.work, item);
-  if (wi.seq < 0) return;
-  const int seq = wi.seq, j0 = wi.begin, j1 = wi.end;
+  if (wi.b < 0) return;
+  const int seq = wi.b, j0 = wi.begin, j1 = wi.end, ng = wi.n;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   DCP_DYNAMIC_SMEM(float, smem);
   float* part = smem;                                            // [warps][2][32][4] partial scores
@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
 
   // Query fragments (3 terms) of this warp's chunk groups; register r4 is row g + 8 (r4 & 1), dims + 2 (r4 >> 1).
   uint32_t qa[CGW][2][3][4];
-  const float* q = p.q + (static_cast<int64_t>(seq) * p.H + h0) * DK;
+  const float* qr[2] = {p.q + (static_cast<int64_t>(wi.token(g, p.H)) * p.H + wi.head(g, p.H)) * DK,
+                        p.q + (static_cast<int64_t>(wi.token(g + 8, p.H)) * p.H + wi.head(g + 8, p.H)) * DK};
 #pragma unroll
   for (int i = 0; i < CGW; ++i)
 #pragma unroll
@@ -55,12 +56,15 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
         const int cg = warp + NW * i, row = g + 8 * (r4 & 1);
         const int d = 8 * (4 * cg + t) + 4 * h + 2 * (r4 >> 1);
         uint32_t terms[3] = {0u, 0u, 0u};
-        if (cg < CG && row < ng) split_terms<T, 3>(q[row * DK + d], q[row * DK + d + 1], terms);
+        if (cg < CG && row < ng) split_terms<T, 3>(qr[r4 & 1][d], qr[r4 & 1][d + 1], terms);
 #pragma unroll
         for (int k = 0; k < 3; ++k) qa[i][h][k][r4] = terms[k];
       }
 
   const T* kv = static_cast<const T*>(p.kv);
+  // each row's own length: the query tokens of a sequence share the tile (multi-token decode)
+  const int cap = p.max_blocks * p.block_size;
+  const int len[2] = {row_len(wi, g, p.H, p.seq_lens, cap), row_len(wi, g + 8, p.H, p.seq_lens, cap)};
   auto row_of = [&](int j) -> int64_t {  // token j's row offset, or -1 when it is not read
     if (j >= j1) return -1;
     const int64_t block = p.block_table[seq * p.bt_st + j / p.block_size];
@@ -147,7 +151,10 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) x[u][e] = rowoff[buf * 16 + 8 * u + 2 * t + e] >= 0 ? sc[u][2 * r + e] : -INFINITY;
+        for (int e = 0; e < 2; ++e)
+          x[u][e] = rowoff[buf * 16 + 8 * u + 2 * t + e] >= 0 && j0 + 16 * k + 8 * u + 2 * t + e < len[r]
+                        ? sc[u][2 * r + e]
+                        : -INFINITY;
       softmax_step<T, 2>(x, r, m[r], l[r], acc, ph, pl);
     }
     // P.V over this warp's latent dims: n-tile j, column g = dim 64 warp + 8 g + j; rows 8u + 2t + e
@@ -176,7 +183,7 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int row = g + 8 * r;
     if (row >= ng) continue;
-    const int64_t prow = static_cast<int64_t>(item) * p.H + h0 + row;
+    const int64_t prow = static_cast<int64_t>(item) * 16 + row;
     float* o = p.part_o + prow * DL + 64 * warp;
     float inv, lse;
     finish_row(m[r], l[r], inv, lse);
@@ -191,7 +198,7 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
 
 template <typename T, int DL, int DR>
 cudaError_t mla_mma_launch(const MlaParams& p, cudaStream_t stream) {
-  const dim3 grid(p.items * ((p.H + 15) / 16));  // an item's head tiles side by side: they share its rows in L2
+  const dim3 grid(p.items);  // one block per work item
   auto kernel = mla_mma_kernel<T, DL, DR>;
   const int smem = mla_mma_smem_bytes<DL / 64, DL + DR, T>();
   DCP_LAUNCH(kernel, grid, dim3(DL / 2), smem, stream, p);

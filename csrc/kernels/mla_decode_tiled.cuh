@@ -2,8 +2,9 @@
 // latent 256 or 512, rope 0 or 64, sm_80 and later): the absorbed query enters the products as one 16-bit term and
 // P is rounded once to the cache's type before P.V; scores, softmax statistics, row sums and the accumulators are
 // fp32. The split pass of mla_decode_partial, built like the fastest decode kernels:
-//   - a block takes kMlaRows = 64 query rows (row r is query head h0 + r of one query token; qrow() and orow() are the
-//     only places that say so), so 128 heads read each KV tile twice;
+//   - a block takes a work item's kMlaRows = 64 query rows, (query token, head) pairs of one sequence in token-major
+//     order (split_plan.cuh; qrow() and orow() are the only places that say so): 128 heads read each KV tile twice,
+//     and 16 heads x 4 query tokens (multi-token decode) read it once; each row is masked at its own length;
 //   - BN-token KV tiles (BN = 64, one page of 64; 32 where shared memory is smaller) are copied by cp.async into two
 //     shared stages: tile k + 1 is in flight while tile k is computed; V is the latent part of the same rows;
 //   - scores: warp w takes the 16 rows of row group w % 4 and half the tile's tokens (w / 4), over the full
@@ -14,7 +15,8 @@
 //   - P.V: warp w owns output columns DL / 8 * w, ... for all 64 rows; A (P) by ldmatrix, B (V) by ldmatrix.trans.
 // Shared tiles are swizzled by 16-byte chunks: chunk c of row r sits at c ^ (r & 7) (c ^ (r & 3) in a 4-chunk P
 // row), so the 8 rows an ldmatrix reads, and the 8 rows a warp's P stores touch, are on distinct banks. Tokens past
-// the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0. Writes the
+// the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0; so do a row's tokens
+// past its own length. Writes the
 // normalised fp32 partial and natural LSE of each split, as mla_split_kernel does.
 #pragma once
 
@@ -48,15 +50,14 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
   constexpr int TPR = 32 * kMlaTiledWarps / BN;           // copying threads per KV row
   static_assert(DL % 256 == 0 && DR % 64 == 0 && (BN == 32 || BN == 64), "latent 256 / 512, rope 0 / 64");
   static_assert(CH % 8 == 0 && CH % TPR == 0 && NT % 2 == 0 && NV % 2 == 0, "tile shapes");
-  const int tiles_h = (p.H + kMlaRows - 1) / kMlaRows, item = blockIdx.x / tiles_h;
-  const int h0 = blockIdx.x % tiles_h * kMlaRows, nrows = min(kMlaRows, p.H - h0);
+  const int item = blockIdx.x;
   const WorkItem wi = work_item(p.work, item);
-  if (wi.seq < 0) return;
-  const int seq = wi.seq, j0 = wi.begin, j1 = wi.end;
+  if (wi.b < 0) return;
+  const int seq = wi.b, j0 = wi.begin, j1 = wi.end, nrows = wi.n;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
   // a block's row r: its query row and its partial's row
-  auto qrow = [&](int r) { return static_cast<int64_t>(seq) * p.H + h0 + r; };
-  auto orow = [&](int r) { return static_cast<int64_t>(item) * p.H + h0 + r; };
+  auto qrow = [&](int r) { return static_cast<int64_t>(wi.token(r, p.H)) * p.H + wi.head(r, p.H); };
+  auto orow = [&](int r) { return static_cast<int64_t>(item) * kMlaRows + r; };
 
   DCP_DYNAMIC_SMEM(float, smem);
   T* sQ = reinterpret_cast<T*>(smem);   // [64][DK]
@@ -120,6 +121,11 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[rg][n][i] = 0.f;
   const bool score_rows = 16 * sg < nrows;  // warp-uniform: row groups past nrows skip their products
+  // Each row's own length (the query tokens of a sequence share the tile in multi-token decode): this lane's rows
+  // 16 sg + g (+ 8) take tokens whose offset from the lane's first score token of tile k is below lim[r] - k BN.
+  const int cap = p.max_blocks * p.block_size, tok0 = j0 + BN / 2 * half + 2 * t;
+  const int lim[2] = {row_len(wi, 16 * sg + g, p.H, p.seq_lens, cap) - tok0,
+                      row_len(wi, 16 * sg + g + 8, p.H, p.seq_lens, cap) - tok0};
 
   for (int k = 0; k < tiles; ++k) {
     const int stage = k & 1;
@@ -156,12 +162,13 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
       }
     }
     const int* valid = sValid + stage * BN + BN / 2 * half;
+    const int lk[2] = {lim[0] - k * BN, lim[1] - k * BN};
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        sc[n][i] = valid[8 * n + 2 * t + (i & 1)] ? sc[n][i] * p.scale_log2 : -INFINITY;
+        sc[n][i] = valid[8 * n + 2 * t + (i & 1)] && 8 * n + (i & 1) < lk[i / 2] ? sc[n][i] * p.scale_log2 : -INFINITY;
         mx[i / 2] = fmaxf(mx[i / 2], sc[n][i]);
       }
 #pragma unroll
@@ -286,7 +293,7 @@ inline int mla_tiled_tokens(int latent, int rope, int elem_bytes, int smem_optin
 
 template <typename T, int DL, int DR, int BN>
 cudaError_t mla_tiled_launch(const MlaParams& p, cudaStream_t stream) {
-  const dim3 grid(p.items * ((p.H + kMlaRows - 1) / kMlaRows));  // an item's row tiles side by side (L2)
+  const dim3 grid(p.items);  // one block per work item
   auto kernel = mla_tiled_kernel<T, DL, DR, BN>;
   constexpr int smem = mla_tiled_smem_bytes<DL + DR, BN, T>();
 #ifndef DCP_SIMT

@@ -7,13 +7,24 @@
 
 namespace dcp_ops::kernels {
 
-// Work item i of a split pass, from the split plan (split_plan.cuh): query token `seq`'s local tokens [begin, end),
-// written as partial row block i; seq < 0: an unused item, whose blocks return at once.
+// Work item i of a split pass, from the split plan (split_plan.cuh): block-table row b's local tokens [begin, end)
+// for the block's rows r < n, row r being query token t0 + (rho0 + r) / G's query head kvh * G + (rho0 + r) % G (G
+// query heads per KV head); each row attends its own length of tokens (row_len). Written as partial rows
+// [i * R, i * R + n). b < 0: an unused item, whose block returns at once.
+constexpr int kWorkInts = 7;
 struct WorkItem {
-  int seq, begin, end;
+  int b, t0, n, kvh, rho0, begin, end;
+  __device__ __forceinline__ int token(int r, int G) const { return t0 + (rho0 + r) / G; }
+  __device__ __forceinline__ int head(int r, int G) const { return kvh * G + (rho0 + r) % G; }
 };
 __device__ __forceinline__ WorkItem work_item(const int32_t* work, int i) {
-  return {work[3 * i], work[3 * i + 1], work[3 * i + 2]};
+  const int32_t* w = work + kWorkInts * i;
+  return {w[0], w[1], w[2], w[3], w[4], w[5], w[6]};
+}
+// How many local tokens row r of the item attends (its query token's length, clamped to the block table's
+// capacity); 0 for a row past n.
+__device__ __forceinline__ int row_len(const WorkItem& it, int r, int G, const int32_t* seq_lens, int capacity) {
+  return r < it.n ? max(0, min(seq_lens[it.token(r, G)], capacity)) : 0;
 }
 
 template <int LANES>

@@ -50,12 +50,15 @@ static Tensor divergent_barrier() {
   return out;
 }
 
-// The decode launchers' split plan (kernels/split_plan.cuh) for seq_lens, as made under the executor (8 SMs).
-static std::tuple<Tensor, Tensor> split_plan(const Tensor& seq_lens, int64_t capacity, int64_t granule, int64_t tiles) {
-  const dcp_ops::SplitPlan plan = dcp_ops::plan_splits(seq_lens, seq_lens.size(0), capacity, granule, tiles,
-                                                       "split_plan");
+// The decode launchers' split plan (kernels/split_plan.cuh), as made under the executor (8 SMs).
+static std::tuple<Tensor, Tensor, Tensor> split_plan(const Tensor& seq_lens, const std::optional<Tensor>& cu,
+                                                     int64_t capacity, int64_t granule, int64_t G, int64_t Hkv,
+                                                     int64_t R) {
+  const int64_t T = seq_lens.size(0), B = cu.has_value() ? cu->size(0) - 1 : T;
+  const dcp_ops::SplitPlan plan = dcp_ops::plan_splits(seq_lens, cu, T, B, capacity, static_cast<int>(granule), G,
+                                                       Hkv, static_cast<int>(R), "split_plan");
   TORCH_CHECK(plan.err == cudaSuccess, "split_plan: launch failed");
-  return {plan.work, plan.rows};
+  return {plan.work, plan.unit, plan.tok};
 }
 
 TORCH_LIBRARY(dcp_ops_simt, m) {
@@ -67,7 +70,8 @@ TORCH_LIBRARY(dcp_ops_simt, m) {
   m.def(kPackExchange, &dcp_ops::pack_exchange_cuda);
   m.def(kMergeExchange, &dcp_ops::merge_exchange_cuda);
   m.def(kWriteKv, &dcp_ops::write_kv_cuda);
-  m.def("split_plan(Tensor seq_lens, int capacity, int granule, int tiles) -> (Tensor, Tensor)", &split_plan);
+  m.def("split_plan(Tensor seq_lens, Tensor? cu, int capacity, int granule, int G, int Hkv, int R) -> "
+        "(Tensor, Tensor, Tensor)", &split_plan);
   m.def("warp_reduce(Tensor x) -> (Tensor, Tensor)", &warp_reduce);
   m.def("transpose32(Tensor x) -> Tensor", &transpose32);
   m.def("histogram(Tensor x, int bins) -> Tensor", &histogram);
