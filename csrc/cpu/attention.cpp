@@ -32,9 +32,9 @@ void stage_rows(const Tensor& x, double mult, float* dst, int64_t ld, int64_t co
         const scalar_t* src = xp + t * s0 + h * s1;
         float* out = dst + (t * H + h) * ld + col;
         if (s2 == 1) {  // the usual case, vectorised
-          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i]) * m;
+          for (int64_t i = 0; i < n; ++i) out[i] = cpu::to_f32(src[i]) * m;
         } else {
-          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i * s2]) * m;
+          for (int64_t i = 0; i < n; ++i) out[i] = cpu::to_f32(src[i * s2]) * m;
         }
       }
   });

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "cpu/avx512.h"
+#include "cpu/convert.h"
 
 namespace dcp_ops::cpu {
 
@@ -24,19 +25,15 @@ namespace dcp_ops::cpu {
 using fVec = at::vec::Vectorized<float>;
 constexpr int64_t kVL = fVec::size();
 
-// One element as fp32. Exact for every type, as c10's conversion operators are; for fp16 by F16C's scalar form
-// directly, since c10::Half's operator inlines the 512-bit conversion with an undefined operand (cpu/avx512.h).
-template <typename T>
-inline float to_f32(T x) {
-  if constexpr (std::is_same_v<T, c10::Half>) {
-#if defined(__F16C__)
-    return _cvtsh_ss(x.x);
+// The lane-wise maximum with NaN propagated (at::vec::maximum's result); in AVX-512 builds by the zero-masked max,
+// since _mm512_max_ps has an undefined operand (cpu/avx512.h).
+inline fVec vmax(const fVec& a, const fVec& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512 m = _mm512_maskz_max_ps(kAll16, a, b);
+  return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q), _mm512_castsi512_ps(_mm512_set1_epi32(-1)));
 #else
-    return static_cast<float>(x);
+  return at::vec::maximum(a, b);
 #endif
-  } else {
-    return static_cast<float>(x);
-  }
 }
 
 // n (<= kVL) consecutive elements of T as one fp32 vector; lanes past n are 0.
@@ -64,7 +61,7 @@ inline fVec load_f32(const T* p, int64_t n = kVL) {
     }
 #endif
     __at_align__ float tmp[kVL] = {};
-    for (int64_t i = 0; i < n; ++i) tmp[i] = static_cast<float>(p[i]);
+    for (int64_t i = 0; i < n; ++i) tmp[i] = to_f32(p[i]);
     return fVec::loadu(tmp);
 #endif
   }

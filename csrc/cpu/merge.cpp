@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "cpu/convert.h"
 #include "ops.h"
 
 namespace dcp_ops {
@@ -52,9 +53,9 @@ inline void weighted_sum(const scalar_t* base, int64_t stride_r, const float* w,
   for (int64_t r = 0; r < n; ++r) {
     if (w[r] == 0.f) continue;  // an empty partial may hold anything (even NaN); it must not leak
     const scalar_t* src = base + r * stride_r;
-    for (int64_t d = 0; d < D; ++d) acc[d] += w[r] * static_cast<float>(src[d]);
+    for (int64_t d = 0; d < D; ++d) acc[d] += w[r] * cpu::to_f32(src[d]);
   }
-  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(acc[d]);
+  for (int64_t d = 0; d < D; ++d) dst[d] = cpu::from_f32<scalar_t>(acc[d]);
 }
 
 }  // namespace
@@ -108,7 +109,7 @@ Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double
         const float factor = w[rank];
         scalar_t* row = o + t * out.stride(0) + h * out.stride(1);
         for (int64_t d = 0; d < D; ++d)  // an empty shard's row is zeroed, never multiplied (0 * NaN)
-          row[d] = factor == 0.f ? scalar_t(0) : static_cast<scalar_t>(factor * static_cast<float>(row[d]));
+          row[d] = cpu::from_f32<scalar_t>(factor == 0.f ? 0.f : factor * cpu::to_f32(row[d]));
       }
     });
   });

@@ -202,7 +202,7 @@ void scale_scores(float* x, int64_t n, float mult) {
 
 // One KV head's query as gemm_dp / gemm_dp8 take it: pair i of head g, (q_g[2i], q_g[2i + 1]) in bf16 (0 past an odd
 // K), at qp[i * qheads + g] for the G heads. q's rows are a bf16 query times q_mult in fp32, so times inv = 1 / q_mult
-// they round back to it. Each row is scaled into row32 and rounded by at::vec::convert (as c10::BFloat16 rounds, 32
+// they round back to it. Each row is scaled into row32 and rounded by round_to_bf16 (as c10::BFloat16 rounds, 16
 // elements at a time; NaN stays NaN) into row16, then copied a pair at a time: converted one element at a time, the
 // query took 0.2 ms of a 0.43 ms call for MLA's 128 heads at 64 tokens. row32 and row16 hold K rounded up to even.
 void pack_query_pairs(int64_t G, int64_t K, const float* q, int64_t q_sh, float inv, int64_t qheads, float* row32,
@@ -215,7 +215,7 @@ void pack_query_pairs(int64_t G, int64_t K, const float* q, int64_t q_sh, float 
     for (; d + kVL <= K; d += kVL) (fVec::loadu(src + d) * iv).store(row32 + d);
     for (; d < K; ++d) row32[d] = src[d] * inv;
     if (K % 2) row32[K] = 0.f;
-    at::vec::convert(row32, row16, 2 * pairs);
+    round_to_bf16(row32, row16, 2 * pairs);
     for (int64_t i = 0; i < pairs; ++i) std::memcpy(qp + i * qheads + g, row16 + 2 * i, 4);
   }
 }
@@ -246,7 +246,7 @@ void exact_scores(int64_t n, int64_t G, int64_t Ga, int64_t Dk, const Rows& rows
     for (int64_t g = 0; g < Ga; ++g) {
       float s = 0.f;
       if (g < G)
-        for (int64_t d = 0; d < Dk; ++d) s = std::fma(q[g * q_sh + d], static_cast<float>(rows(i)[d]), s);
+        for (int64_t d = 0; d < Dk; ++d) s = std::fma(q[g * q_sh + d], to_f32(rows(i)[d]), s);
       st[i * Ga + g] = s;
     }
 }
@@ -284,11 +284,11 @@ void softmax_update(float* st, int64_t G, int64_t n, float* m, float* l, float* 
     fVec mx[4] = {m_old, m_old, m_old, m_old};
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
-      for (int r = 0; r < 4; ++r) mx[r] = at::vec::maximum(mx[r], row(i + r));
+      for (int r = 0; r < 4; ++r) mx[r] = vmax(mx[r], row(i + r));
       if (i % 16 == 12) hook();
     }
-    for (; i < n; ++i) mx[0] = at::vec::maximum(mx[0], row(i));
-    const fVec top = at::vec::maximum(at::vec::maximum(mx[0], mx[1]), at::vec::maximum(mx[2], mx[3]));
+    for (; i < n; ++i) mx[0] = vmax(mx[0], row(i));
+    const fVec top = vmax(vmax(mx[0], mx[1]), vmax(mx[2], mx[3]));
     const fVec base = fVec::blendv(top, fVec(0.f), top == fVec(kNegInf));  // only -inf so far: every e is 0
     const fVec a = exp2_nonpos(m_old - base);  // 0 on the first tile (m = -inf)
     fVec sum(0.f);
@@ -313,7 +313,7 @@ void softmax_update8(float* st, int64_t G, int64_t n, float* m, float* l, float*
   auto store = [&](float* p, __m256 x) { G == 8 ? _mm256_storeu_ps(p, x) : _mm256_mask_storeu_ps(p, mk, x); };
   const __m256 m_old = load(m);
   __m256 mx = m_old;
-  for (int64_t i = 0; i < n; ++i) {  // a NaN score propagates, as at::vec::maximum does
+  for (int64_t i = 0; i < n; ++i) {  // a NaN score propagates, as vmax does
     const __m256 x = load(st + i * G);
     mx = _mm256_or_ps(_mm256_max_ps(mx, x), _mm256_cmp_ps(mx, x, _CMP_UNORD_Q));
   }
@@ -644,7 +644,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     for (int64_t th = begin; th < end; ++th) {
       const int64_t t = th / p.Hq, h = th % p.Hq;
       auto idx = [&](int64_t sp) { return (t * nsplit + sp) * p.Hq + h; };
-      // A NaN score made its split's m NaN (at::vec::maximum keeps NaN), a +inf one its m +inf: the row is NaN, or
+      // A NaN score made its split's m NaN (vmax keeps NaN), a +inf one its m +inf: the row is NaN, or
       // NaN with LSE +inf, as in the float64 reference; only -inf scores or none: an empty row (docs/design.md §2).
       float mx = kNegInf;
       bool nan = false;
@@ -685,7 +685,7 @@ void store_row(void* out, at::ScalarType dtype, int64_t offset, const float* src
   switch (dtype) {
     case at::kFloat: std::copy(src, src + n, static_cast<float*>(out) + offset); break;
     case at::kBFloat16: std::copy(src, src + n, static_cast<c10::BFloat16*>(out) + offset); break;
-    case at::kHalf: std::copy(src, src + n, static_cast<c10::Half*>(out) + offset); break;
+    case at::kHalf: std::transform(src, src + n, static_cast<c10::Half*>(out) + offset, from_f32<c10::Half>); break;
     default: TORCH_CHECK(false, "store_row: unsupported output dtype ", dtype);
   }
 }
