@@ -75,7 +75,8 @@ if with_cuda:
     sources += sorted(glob.glob("csrc/cuda/*.cu"))
     ext = CUDAExtension(
         "dcp_ops._C", sources, include_dirs=include_dirs,
-        extra_compile_args={"cxx": cxx_flags + ["-DDCP_OPS_WITH_CUDA"],
+        extra_compile_args={"cxx": cxx_flags + ["-DDCP_OPS_WITH_CUDA",
+                                                f'-DDCP_OPS_CUDA_ARCHS="{os.environ["TORCH_CUDA_ARCH_LIST"]}"'],
                             "nvcc": ["-O3", "-DDCP_OPS_WITH_CUDA", "--expt-relaxed-constexpr", "-lineinfo"]},
         extra_link_args=link_flags)
 else:

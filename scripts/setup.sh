@@ -17,4 +17,4 @@ fi
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
 mkdir -p build  # the compiler's output, which scripts/check_warnings.py reads (CI fails on a warning of ours)
 .venv/bin/python setup.py -q build_ext --inplace 2>&1 | tee build/build.log
-.venv/bin/python -c "import dcp_ops, torch; print('dcp_ops', dcp_ops.__version__, 'built; CPU ISA', dcp_ops._C.cpu_isa, '; CUDA kernels', bool(dcp_ops._C.with_cuda), '; torch', torch.__version__)"
+.venv/bin/python -c "import dcp_ops, torch; print('dcp_ops', dcp_ops.__version__, 'built; CPU ISA', dcp_ops._C.cpu_isa, '; CUDA archs', dcp_ops._C.cuda_archs or None, '; torch', torch.__version__)"
