@@ -43,7 +43,8 @@ void validate_merge(const Tensor& outs, const Tensor& lses, double lse_base, con
 void validate_correct(const Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
 void validate_pack_exchange(const Tensor& out, const Tensor& lse, const Tensor& send);
 void validate_merge_exchange(const Tensor& recv, const Tensor& out, const Tensor& lse);
-void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping);
+void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping,
+                       const std::optional<Tensor>& scale);
 int64_t exchange_pad(at::ScalarType dtype);  // elements after D in a packed a2a row: 16 bytes, LSE in the first 4
 
 // CPU kernels (csrc/cpu/*.cpp).
@@ -62,7 +63,7 @@ Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double
                            c10::string_view nonfinite_lse);
 void pack_exchange_cpu(const Tensor& out, const Tensor& lse, Tensor& send);
 void merge_exchange_cpu(const Tensor& recv, Tensor& out, Tensor& lse, c10::string_view nonfinite_lse);
-void write_kv_cpu(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping);
+void write_kv_cpu(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping, const std::optional<Tensor>& scale);
 
 // CUDA launchers (csrc/cuda/*.cu; also built for the SIMT executor in tests/simt).
 std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -80,6 +81,6 @@ Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, doubl
                             c10::string_view nonfinite_lse);
 void pack_exchange_cuda(const Tensor& out, const Tensor& lse, Tensor& send);
 void merge_exchange_cuda(const Tensor& recv, Tensor& out, Tensor& lse, c10::string_view nonfinite_lse);
-void write_kv_cuda(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping);
+void write_kv_cuda(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping, const std::optional<Tensor>& scale);
 
 }  // namespace dcp_ops

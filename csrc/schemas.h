@@ -20,6 +20,7 @@ constexpr const char* kCorrectPartial =
 constexpr const char* kPackExchange = "pack_exchange(Tensor out, Tensor lse, Tensor(a!) send) -> ()";
 constexpr const char* kMergeExchange =
     "merge_exchange(Tensor recv, Tensor(a!) out, Tensor(b!) lse, str nonfinite_lse=\"empty\") -> ()";
-constexpr const char* kWriteKv = "write_kv(Tensor(a!) cache, Tensor new, Tensor slot_mapping) -> ()";
+constexpr const char* kWriteKv =
+    "write_kv(Tensor(a!) cache, Tensor new, Tensor slot_mapping, Tensor? scale=None) -> ()";
 
 }  // namespace dcp_ops::schema

@@ -233,7 +233,8 @@ void validate_merge_exchange(const Tensor& recv, const Tensor& out, const Tensor
   check_no_internal_overlap(lse, op, "lse");
 }
 
-void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping) {
+void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping,
+                       const std::optional<Tensor>& scale) {
   constexpr const char* op = "write_kv";
   DCP_CHECK(cache.dim() >= 3, op, "cache must be [num_blocks, block_size, *E] (at least 3-D), got shape ",
             cache.sizes());
@@ -242,7 +243,18 @@ void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& 
   for (int64_t d = 2; d < cache.dim(); ++d)
     DCP_CHECK(new_kv.size(d - 1) == cache.size(d), op, "new must be [T, *E] with E = cache.shape[2:] ",
               cache.sizes().slice(2), ", got shape ", new_kv.sizes());
-  check_dtype(new_kv, cache.scalar_type(), op, "new");
+  if (cache.scalar_type() == at::kFloat8_e4m3fn) {  // an FP8 cache stores new / scale (docs/design.md §6)
+    DCP_CHECK(scale.has_value(), op, "scale is required with a float8_e4m3fn cache (it stores new / scale), got None");
+    check_float(new_kv, op, "new");
+    check_dtype(*scale, at::kFloat, op, "scale");
+    DCP_CHECK(scale->numel() == 1 && scale->dim() <= 1, op, "scale must be a 1-element tensor (shape [] or [1]), got "
+              "shape ", scale->sizes());
+    check_same_device(*scale, cache, op, "scale", "cache");
+  } else {
+    DCP_CHECK(!scale.has_value(), op, "scale is for float8_e4m3fn caches only, got one with a ", cache.scalar_type(),
+              " cache");
+    check_dtype(new_kv, cache.scalar_type(), op, "new");
+  }
   check_dim(slot_mapping, 1, op, "slot_mapping", "[T]");
   DCP_CHECK(slot_mapping.scalar_type() == at::kInt || slot_mapping.scalar_type() == at::kLong, op,
             "slot_mapping must have dtype int32 (or int64), got ", slot_mapping.scalar_type());

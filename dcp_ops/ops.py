@@ -170,13 +170,16 @@ def merge_exchange(recv: Tensor, out: Optional[Tensor] = None, lse: Optional[Ten
     return out, lse
 
 
-def write_kv(cache: Tensor, new: Tensor, slot_mapping: Tensor) -> None:
+def write_kv(cache: Tensor, new: Tensor, slot_mapping: Tensor, scale: Optional[Tensor] = None) -> None:
     """Owner-only KV append: cache [num_blocks, block_size, *E] gets new[t] [*E] at flat slot slot_mapping[t] [T].
 
     Slot -1 (a token another rank owns) is skipped; any other slot outside [0, num_blocks * block_size) is an error.
-    One call per cache tensor (GQA: K and V). Any dtype, equal for cache and new.
+    One call per cache tensor (GQA: K and V). Any dtype, equal for cache and new; or a torch.float8_e4m3fn cache with
+    a float new and its scale, a 1-element fp32 tensor on the cache's device (vLLM's k_scale / v_scale): the cache then
+    stores new / scale, saturated to +-448 and rounded to nearest even (NaN stays NaN), so that stored x scale is the
+    dequantized value.
     """
-    _ops.write_kv(cache, new, slot_mapping)
+    _ops.write_kv(cache, new, slot_mapping, scale)
 
 
 # Fake (meta) kernels so torch.compile and FakeTensor can trace the ops. They also run when an eager call mixes a meta
@@ -232,6 +235,6 @@ def _merge_exchange_fake(recv, out, lse, nonfinite_lse="empty"):
 
 
 @torch.library.register_fake("dcp_ops::write_kv")
-def _write_kv_fake(cache, new, slot_mapping):
-    _same_device("write_kv", "cache", cache, new=new, slot_mapping=slot_mapping)
+def _write_kv_fake(cache, new, slot_mapping, scale=None):
+    _same_device("write_kv", "cache", cache, new=new, slot_mapping=slot_mapping, scale=scale)
     return None

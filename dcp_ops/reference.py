@@ -137,9 +137,12 @@ def merge_exchange(payload, lses, nonfinite_lse="empty"):
     return merge_partials(payload, lses, nonfinite_lse=nonfinite_lse)
 
 
-def write_kv(cache, new, slot_mapping):
-    """A copy of cache [num_blocks, block_size, *E] with new[t] at flat slot slot_mapping[t] (skipping -1)."""
+def write_kv(cache, new, slot_mapping, scale=None):
+    """A copy of cache [num_blocks, block_size, *E] with new[t] at flat slot slot_mapping[t] (skipping -1); into a
+    float8_e4m3fn cache, new / scale saturated to +-448 and converted by torch (nearest even, NaN kept)."""
     out = cache.clone()
+    if scale is not None:
+        new = torch.clamp(new.float() / scale.float().reshape(()), -448.0, 448.0).to(cache.dtype)
     bs = cache.shape[1]
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot >= 0:

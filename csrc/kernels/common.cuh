@@ -9,6 +9,7 @@
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #define DCP_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #define DCP_DYNAMIC_SMEM(type, name) extern __shared__ type name[]

@@ -290,3 +290,24 @@ inline __nv_bfloat16 __float2bfloat16(float f) {
 }
 inline float __half2float(__half x) { return _cvtsh_ss(x.bits); }
 inline __half __float2half(float f) { return {static_cast<uint16_t>(_cvtss_sh(f, 0))}; }  // 0: nearest even
+
+// cuda_fp8.h's float -> e4m3 conversion with __NV_SATFINITE (the only mode the kernels use): round to nearest even,
+// magnitudes from 448 up (inf included) saturate to 448, NaN becomes 0x7F.
+using __nv_fp8_storage_t = unsigned char;
+enum __nv_saturation_t { __NV_NOSAT, __NV_SATFINITE };
+enum __nv_fp8_interpretation_t { __NV_E4M3, __NV_E5M2 };
+inline __nv_fp8_storage_t __nv_cvt_float_to_fp8(float x, __nv_saturation_t, __nv_fp8_interpretation_t) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const unsigned char sign = static_cast<unsigned char>((u >> 24) & 0x80u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return 0x7f;                     // NaN
+  if (u >= 0x43e00000u) return sign | 0x7e;             // >= 448: the largest finite value
+  if (u < 0x3c800000u) {                                // below 2^-6: subnormal, m x 2^-9 with m in [0, 8]
+    float f;
+    std::memcpy(&f, &u, 4);
+    return sign | static_cast<unsigned char>(std::nearbyint(f * 512.f));  // the current mode: nearest even
+  }
+  u += 0x7ffffu + ((u >> 20) & 1u);                     // round the 20 dropped mantissa bits to nearest even
+  return sign | static_cast<unsigned char>((u >> 20) - (120u << 3));  // exponent rebiased 127 -> 7
+}
