@@ -131,6 +131,32 @@ def test_engine_path_prefill_by_slots_equals_the_shard():
         assert torch.equal(cache.nan_to_num(7.0), shard.nan_to_num(7.0)), rank
 
 
+def test_engine_path_into_fp8_caches_equals_the_shard_of_the_quantized_cache():
+    """FP8 caches (write_kv with a scale): each rank's quantized writes hold, byte for byte, Placement.shard of the
+    cache an unsharded engine would quantize; unshard_kv gives that cache back."""
+    gen = torch.Generator().manual_seed(5)
+    world, bs, interleave = 2, 4, 1
+    lens = [13, 6]
+    table = _table(2, 4, gen)
+    fp8, scale = torch.float8_e4m3fn, torch.tensor([0.125])
+    seq_ids = torch.cat([torch.full((n,), b) for b, n in enumerate(lens)])
+    positions = torch.cat([torch.arange(n) for n in lens])
+    kv = randn(sum(lens), 3, 8, gen=gen) * 40  # some beyond 448 x scale: saturated
+    whole = dcp_ops.Placement(1, 0, bs, interleave)
+    unsharded = torch.zeros(8, bs, 3, 8).to(fp8)
+    dcp_ops.write_kv(unsharded, kv, whole.slot_mapping(table, seq_ids, positions), scale)
+    shards = []
+    for rank in range(world):
+        p = dcp_ops.Placement(world, rank, bs, interleave)
+        cache = torch.zeros(8, bs, 3, 8).to(fp8)
+        dcp_ops.write_kv(cache, kv, p.slot_mapping(table, seq_ids, positions), scale)
+        shard = p.shard(unsharded, table, torch.tensor(lens), fill=0.0)
+        assert torch.equal(cache.view(torch.uint8), shard.view(torch.uint8)), rank
+        shards.append(cache)
+    back = dcp_ops.unshard_kv(shards, table, torch.tensor(lens), interleave, fill=0.0)
+    assert torch.equal(back.view(torch.uint8), unsharded.view(torch.uint8))
+
+
 @pytest.fixture
 def group1(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
