@@ -129,6 +129,43 @@ def test_multi_token_decode_on_tensor_cores(simt_ops, dtype, precision):
     assert_decode(out, lse, ref.mla_decode_partial, args, dtype, precision, "MLA multi-token", cu_seqlens_q=cu)
 
 
+@pytest.mark.simt
+@pytest.mark.parametrize("precision", ["native", "fp32"])
+@pytest.mark.parametrize("heads", [5, 24])
+def test_multi_token_rows_that_straddle_row_tiles(simt_ops, heads, precision):
+    """Head counts that do not divide a block's rows (64 tiled, 16 on mma.sync, 4 SIMT): a query token's heads land in
+    two row tiles of its sequence, each masked at the token's own length."""
+    gen = torch.Generator().manual_seed(heads)
+    lens, n_q = [90, 7, 33], [14, 1, 3]
+    kv, table = paged_cache(lens, 16, (256 + 64,), torch.bfloat16, gen)
+    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, n_q)])
+    cu = torch.tensor([0, 14, 15, 18], dtype=I32)
+    seq_lens = (positions + 1).int()
+    args = (randn(18, heads, 256, dtype=torch.bfloat16, gen=gen), randn(18, heads, 64, dtype=torch.bfloat16, gen=gen),
+            kv, table, seq_lens, 320 ** -0.5)
+    out, lse = simt_ops.mla_decode_partial(*args, precision=precision, cu_seqlens_q=cu)
+    assert_decode(out, lse, ref.mla_decode_partial, args, torch.bfloat16, precision, f"MLA {heads} heads multi-token",
+                  cu_seqlens_q=cu)
+
+
+@pytest.mark.simt
+@pytest.mark.parametrize("dtype,precision", [(torch.bfloat16, "native"), (torch.bfloat16, "fp32"),
+                                             (torch.float32, "native")])
+def test_gqa_multi_token_rows_that_straddle_row_tiles(simt_ops, dtype, precision):
+    """3 query heads per KV head: a token's heads land in two row tiles (16 rows on mma.sync, 8 in the SIMT kernel)."""
+    gen = torch.Generator().manual_seed(11)
+    lens, n_q = [90, 7, 33], [14, 1, 3]
+    k, table = paged_cache(lens, 16, (2, 64), dtype, gen)
+    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
+    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, n_q)])
+    cu = torch.tensor([0, 14, 15, 18], dtype=I32)
+    seq_lens = (positions + 1).int()
+    q = randn(18, 6, 64, dtype=dtype, gen=gen)
+    out, lse = simt_ops.gqa_decode_partial(q, k, v, table, seq_lens, 0.125, precision=precision, cu_seqlens_q=cu)
+    assert_decode(out, lse, ref.gqa_decode_partial, (q, k, v, table, seq_lens, 0.125), dtype, precision,
+                  "GQA 6q/2kv multi-token", cu_seqlens_q=cu)
+
+
 CU_BAD = [
     (torch.tensor([0, 2, 3], dtype=I32), r"cu_seqlens_q.shape\[0\] \(B \+ 1, one more than block_table's rows\) "
                                          r"must be 4, got 3"),
