@@ -23,12 +23,13 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
   if (d.T == 0 || d.Hq == 0) return {out, lse};  // an empty grid is a launch error
   // Query rows per block R: a sequence's rows for one KV head (G heads x its query tokens, from the batch's mean)
   // as the kernel takes them: 8 or 16 on tensor cores, a power of two up to 8 in the SIMT kernel.
-  const int64_t G = d.Hq / d.Hkv, B = block_table.size(0);
-  const int64_t rows = G * (cu_seqlens_q.has_value() ? (d.T + std::max<int64_t>(B, 1) - 1) / std::max<int64_t>(B, 1) : 1);
+  const int64_t G = d.Hq / d.Hkv, B = std::max<int64_t>(block_table.size(0), 1);
+  const int64_t rows = G * (cu_seqlens_q.has_value() ? (d.T + B - 1) / B : 1);
   const bool mma = q.element_size() == 2 && has_mma_sync() && (d.Dk == 64 || d.Dk == 128);
   const int R = mma ? (rows > 8 ? 16 : 8) : rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
-  const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, cu_seqlens_q.has_value() ? B : d.T,
-                                     d.max_blocks * d.block_size, 64, G, d.Hkv, R, "gqa_decode_partial");
+  const int64_t seqs = cu_seqlens_q.has_value() ? block_table.size(0) : d.T;
+  const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, seqs, d.max_blocks * d.block_size, 64, G, d.Hkv, R,
+                                     "gqa_decode_partial");
   DCP_CHECK_LAUNCH(plan.err, "gqa_decode_partial");
   auto f32 = q.options().dtype(at::kFloat);
   Tensor part_o = new_output({plan.items, R, d.Dv}, f32);

@@ -80,7 +80,8 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                                merged.data_ptr(), d.Hq * latent, latent, lse.data_ptr<float>(), d.Hq, 1,
                                plan.items, static_cast<int>(d.T), static_cast<int>(d.Hq),
                                static_cast<int>(latent), 1.f, /*propagate=*/true,
-                               {plan.tok.data_ptr<int32_t>(), plan.unit.data_ptr<int32_t>(), static_cast<int>(d.Hq), R}};
+                               {plan.tok.data_ptr<int32_t>(), plan.unit.data_ptr<int32_t>(),
+                                static_cast<int>(d.Hq), R}};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q_nope.scalar_type(), "mla_decode_partial", [&] {
     cudaError_t e = cudaSuccess;
     if (bn > 0) {  // the absorbed query rounded once to the cache's type, unscaled (the kernel scales the scores)

@@ -1,7 +1,8 @@
 // Paged GQA decode attention on tensor cores (bf16 / fp16 caches, head dims 64 and 128, sm_80 and later): the split
 // pass of gqa_decode.cuh with the scores and P.V of each 16-token step as mma.sync m16n8k16 products. The rows are the
 // work item's (query token, head) pairs of one KV head (GT = p.R = 8 of the 16 rows, or 16), so the query tokens of a
-// sequence share each K/V read; the softmax is updated once per step, not once per token. Same parameters, outputs and merge as the SIMT kernel.
+// sequence share each K/V read; the softmax is updated once per step, not once per token. Same parameters, outputs and
+// merge as the SIMT kernel.
 //
 // Registers, for lane = 4 * g + t of a warp, in a step of tokens s .. s + 15:
 //   scores (Q K^T, k = head dims): a lane loads 16-byte chunks t, t + 4, ... of token s + 8 n + g's key (n = 0, 1),

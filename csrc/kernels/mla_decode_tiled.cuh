@@ -16,8 +16,7 @@
 // Shared tiles are swizzled by 16-byte chunks: chunk c of row r sits at c ^ (r & 7) (c ^ (r & 3) in a 4-chunk P
 // row), so the 8 rows an ldmatrix reads, and the 8 rows a warp's P stores touch, are on distinct banks. Tokens past
 // the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0; so do a row's tokens
-// past its own length. Writes the
-// normalised fp32 partial and natural LSE of each split, as mla_split_kernel does.
+// past its own length. Writes the normalised fp32 partial and natural LSE of each split, as mla_split_kernel does.
 #pragma once
 
 #include <cstdlib>
