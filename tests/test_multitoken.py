@@ -17,6 +17,12 @@ from tolerances import assert_decode, assert_lse_matches, assert_matches
 I32 = torch.int32
 
 
+def _queries(lens, n_q):
+    """The global positions of the last n_q[b] tokens of each sequence b [T], and cu_seqlens_q [B + 1]."""
+    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, n_q)])
+    return positions, torch.tensor([0] + torch.tensor(n_q).cumsum(0).tolist(), dtype=I32)
+
+
 def _batch(lens, n_q, block_size, kind, dtype, gen, heads=4, rope=16, absorb=False, head_dim=32, latent=48):
     """An unsharded paged cache holding every sequence's tokens (draft tokens included) and the queries: the last
     n_q[b] positions of sequence b. Returns (cache tensors, table, q args, positions [T], cu_seqlens_q [B + 1])."""
@@ -27,8 +33,7 @@ def _batch(lens, n_q, block_size, kind, dtype, gen, heads=4, rope=16, absorb=Fal
     else:
         kv, table = paged_cache(lens, block_size, (latent + rope,), dtype, gen)
         caches = (kv,)
-    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, n_q)])
-    cu = torch.tensor([0] + list(torch.tensor(n_q).cumsum(0)), dtype=I32)
+    positions, cu = _queries(lens, n_q)
     T = int(cu[-1])
     if kind == "gqa":
         qargs = (randn(T, 2 * heads, head_dim, dtype=dtype, gen=gen),)
@@ -105,6 +110,32 @@ def test_sharded_multi_token_decode_cuda_source(simt_ops, kind, world, interleav
                      interleave, 4, [37, 5, 1, 20], [3, 5, 1, 2], kind == "mla", 7, head_dim=64, latent=128, rope=64)
 
 
+def _gqa_cuda_source_case(simt_ops, lens, n_q, heads, dtype, precision, gen):
+    """The CUDA source of gqa_decode_partial (2 KV heads of d64, blocks of 16) on the last n_q[b] tokens of each
+    sequence as queries, causal, against the multi-token reference."""
+    k, table = paged_cache(lens, 16, (2, 64), dtype, gen)
+    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
+    positions, cu = _queries(lens, n_q)
+    seq_lens = (positions + 1).int()
+    q = randn(len(positions), heads, 64, dtype=dtype, gen=gen)
+    out, lse = simt_ops.gqa_decode_partial(q, k, v, table, seq_lens, 0.125, precision=precision, cu_seqlens_q=cu)
+    assert_decode(out, lse, ref.gqa_decode_partial, (q, k, v, table, seq_lens, 0.125), dtype, precision,
+                  f"GQA {heads}q/2kv multi-token", cu_seqlens_q=cu)
+
+
+def _mla_cuda_source_case(simt_ops, lens, n_q, heads, dtype, precision, gen):
+    """The same for mla_decode_partial, latent 256 + rope 64."""
+    kv, table = paged_cache(lens, 16, (256 + 64,), dtype, gen)
+    positions, cu = _queries(lens, n_q)
+    seq_lens = (positions + 1).int()
+    T = len(positions)
+    args = (randn(T, heads, 256, dtype=dtype, gen=gen), randn(T, heads, 64, dtype=dtype, gen=gen), kv, table, seq_lens,
+            320 ** -0.5)
+    out, lse = simt_ops.mla_decode_partial(*args, precision=precision, cu_seqlens_q=cu)
+    assert_decode(out, lse, ref.mla_decode_partial, args, dtype, precision, f"MLA {heads} heads multi-token",
+                  cu_seqlens_q=cu)
+
+
 @pytest.mark.simt
 @pytest.mark.parametrize("precision", ["native", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -112,21 +143,8 @@ def test_multi_token_decode_on_tensor_cores(simt_ops, dtype, precision):
     """The tensor-core kernels (GQA d64; MLA 256 + 64, the tiled one in native) with query rows of several tokens of a
     sequence, against the multi-token reference."""
     gen = torch.Generator().manual_seed(3)
-    lens, n_q = [130, 17, 64], [4, 1, 2]
-    k, table = paged_cache(lens, 16, (2, 64), dtype, gen)
-    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
-    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, n_q)])
-    cu = torch.tensor([0, 4, 5, 7], dtype=I32)
-    seq_lens = (positions + 1).int()
-    q = randn(7, 8, 64, dtype=dtype, gen=gen)
-    out, lse = simt_ops.gqa_decode_partial(q, k, v, table, seq_lens, 0.125, precision=precision, cu_seqlens_q=cu)
-    assert_decode(out, lse, ref.gqa_decode_partial, (q, k, v, table, seq_lens, 0.125), dtype, precision,
-                  "GQA multi-token", cu_seqlens_q=cu)
-    kv, table = paged_cache(lens, 16, (256 + 64,), dtype, gen)
-    args = (randn(7, 16, 256, dtype=dtype, gen=gen), randn(7, 16, 64, dtype=dtype, gen=gen), kv, table, seq_lens,
-            320 ** -0.5)
-    out, lse = simt_ops.mla_decode_partial(*args, precision=precision, cu_seqlens_q=cu)
-    assert_decode(out, lse, ref.mla_decode_partial, args, dtype, precision, "MLA multi-token", cu_seqlens_q=cu)
+    _gqa_cuda_source_case(simt_ops, [130, 17, 64], [4, 1, 2], 8, dtype, precision, gen)
+    _mla_cuda_source_case(simt_ops, [130, 17, 64], [4, 1, 2], 16, dtype, precision, gen)
 
 
 @pytest.mark.simt
@@ -135,17 +153,8 @@ def test_multi_token_decode_on_tensor_cores(simt_ops, dtype, precision):
 def test_multi_token_rows_that_straddle_row_tiles(simt_ops, heads, precision):
     """Head counts that do not divide a block's rows (64 tiled, 16 on mma.sync, 4 SIMT): a query token's heads land in
     two row tiles of its sequence, each masked at the token's own length."""
-    gen = torch.Generator().manual_seed(heads)
-    lens, n_q = [90, 7, 33], [14, 1, 3]
-    kv, table = paged_cache(lens, 16, (256 + 64,), torch.bfloat16, gen)
-    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, n_q)])
-    cu = torch.tensor([0, 14, 15, 18], dtype=I32)
-    seq_lens = (positions + 1).int()
-    args = (randn(18, heads, 256, dtype=torch.bfloat16, gen=gen), randn(18, heads, 64, dtype=torch.bfloat16, gen=gen),
-            kv, table, seq_lens, 320 ** -0.5)
-    out, lse = simt_ops.mla_decode_partial(*args, precision=precision, cu_seqlens_q=cu)
-    assert_decode(out, lse, ref.mla_decode_partial, args, torch.bfloat16, precision, f"MLA {heads} heads multi-token",
-                  cu_seqlens_q=cu)
+    _mla_cuda_source_case(simt_ops, [90, 7, 33], [14, 1, 3], heads, torch.bfloat16, precision,
+                          torch.Generator().manual_seed(heads))
 
 
 @pytest.mark.simt
@@ -153,17 +162,7 @@ def test_multi_token_rows_that_straddle_row_tiles(simt_ops, heads, precision):
                                              (torch.float32, "native")])
 def test_gqa_multi_token_rows_that_straddle_row_tiles(simt_ops, dtype, precision):
     """3 query heads per KV head: a token's heads land in two row tiles (16 rows on mma.sync, 8 in the SIMT kernel)."""
-    gen = torch.Generator().manual_seed(11)
-    lens, n_q = [90, 7, 33], [14, 1, 3]
-    k, table = paged_cache(lens, 16, (2, 64), dtype, gen)
-    v = torch.where(torch.isnan(k), k, randn(*k.shape, dtype=dtype, gen=gen))
-    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, n_q)])
-    cu = torch.tensor([0, 14, 15, 18], dtype=I32)
-    seq_lens = (positions + 1).int()
-    q = randn(18, 6, 64, dtype=dtype, gen=gen)
-    out, lse = simt_ops.gqa_decode_partial(q, k, v, table, seq_lens, 0.125, precision=precision, cu_seqlens_q=cu)
-    assert_decode(out, lse, ref.gqa_decode_partial, (q, k, v, table, seq_lens, 0.125), dtype, precision,
-                  "GQA 6q/2kv multi-token", cu_seqlens_q=cu)
+    _gqa_cuda_source_case(simt_ops, [90, 7, 33], [14, 1, 3], 6, dtype, precision, torch.Generator().manual_seed(11))
 
 
 CU_BAD = [

@@ -21,12 +21,11 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
   Tensor out = new_output({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = new_output({d.T, d.Hq}, q.options().dtype(at::kFloat));
   if (d.T == 0 || d.Hq == 0) return {out, lse};  // an empty grid is a launch error
-  // Query rows per block R: a sequence's rows for one KV head (G heads x its query tokens, from the batch's mean)
-  // as the kernel takes them: 8 or 16 on tensor cores, a power of two up to 8 in the SIMT kernel.
+  // Query rows per block R for a sequence's rows of one KV head: G heads x its query tokens (the batch's mean).
   const int64_t G = d.Hq / d.Hkv, B = std::max<int64_t>(block_table.size(0), 1);
   const int64_t rows = G * (cu_seqlens_q.has_value() ? (d.T + B - 1) / B : 1);
-  const bool mma = q.element_size() == 2 && has_mma_sync() && (d.Dk == 64 || d.Dk == 128);
-  const int R = mma ? (rows > 8 ? 16 : 8) : rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+  const int R = kernels::gqa_rows(rows, kernels::gqa_on_tensor_cores(static_cast<int>(q.element_size()),
+                                                                     static_cast<int>(d.Dk), has_mma_sync()));
   const int64_t seqs = cu_seqlens_q.has_value() ? block_table.size(0) : d.T;
   const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, seqs, d.max_blocks * d.block_size, 64, G, d.Hkv, R,
                                      "gqa_decode_partial");

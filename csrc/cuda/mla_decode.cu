@@ -56,7 +56,7 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                                                                        static_cast<int>(es), kernels::smem_optin_bytes())
                                           : 0;
   // query rows (query token, head) per block: 64 tiled, 16 on mma.sync, 4 SIMT
-  const bool mma = es == 2 && has_mma_sync() && (latent == 256 || latent == 512);
+  const bool mma = kernels::mla_on_tensor_cores(static_cast<int>(es), static_cast<int>(latent), has_mma_sync());
   const int R = bn > 0 ? kernels::kMlaRows : mma ? 16 : kernels::kMlaHeads;
   const int64_t B = cu_seqlens_q.has_value() ? block_table.size(0) : d.T;
   const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, B, d.max_blocks * d.block_size, bn > 0 ? bn : 64,

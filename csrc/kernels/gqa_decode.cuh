@@ -111,7 +111,7 @@ cudaError_t gqa_launch(const GqaParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Rows per block GT = p.R, which gqa_rows chooses.
+// Rows per block GT = p.R, which gqa_rows (gqa_decode_mma.cuh) chooses.
 template <typename T, int VEC, int LANES, int NC>
 cudaError_t gqa_by_group(const GqaParams& p, cudaStream_t stream) {
   if (p.R == 1) return gqa_launch<T, VEC, LANES, NC, 1>(p, stream);

@@ -204,10 +204,22 @@ cudaError_t gqa_mma_dispatch(const GqaParams& p, cudaStream_t stream) {
   return wide ? gqa_mma_launch<T, 128, 16, PT>(p, stream) : gqa_mma_launch<T, 128, 8, PT>(p, stream);
 }
 
+// Whether gqa_split_pass runs the tensor-core kernel: 16-bit caches, head dims 64 and 128, a device with mma.sync.
+inline bool gqa_on_tensor_cores(int elem_size, int D, bool tensor_cores) {
+  return tensor_cores && elem_size == 2 && (D == 64 || D == 128);
+}
+
+// The query rows per block (GqaParams::R) of the kernel gqa_split_pass runs, for `rows` query rows of a sequence per
+// KV head: 8 or 16 on tensor cores, a power of two up to 8 in the SIMT kernel.
+inline int gqa_rows(int64_t rows, bool on_tensor_cores) {
+  if (on_tensor_cores) return rows > 8 ? 16 : 8;
+  return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+}
+
 template <typename T>
 cudaError_t gqa_split_pass(const GqaParams& p, cudaStream_t stream, bool tensor_cores, bool native) {
   if constexpr (sizeof(T) == 2) {
-    if (tensor_cores && (p.D == 64 || p.D == 128))
+    if (gqa_on_tensor_cores(sizeof(T), p.D, tensor_cores))
       return native ? gqa_mma_dispatch<T, 1>(p, stream) : gqa_mma_dispatch<T, 2>(p, stream);
   }
   return gqa_split<T>(p, stream);

@@ -207,10 +207,16 @@ cudaError_t mla_mma_launch(const MlaParams& p, cudaStream_t stream) {
 
 // The split pass of mla_decode_partial: on tensor cores for 16-bit caches with latent 256 or 512 when the device has
 // them (sm_80 and later), else the SIMT kernel of mla_decode.cuh.
+// Whether mla_split_pass runs the tensor-core kernel (16 query rows a block): 16-bit caches, latent 256 or 512, a
+// device with mma.sync.
+inline bool mla_on_tensor_cores(int elem_size, int latent, bool tensor_cores) {
+  return tensor_cores && elem_size == 2 && (latent == 256 || latent == 512);
+}
+
 template <typename T>
 cudaError_t mla_split_pass(const MlaParams& p, int latent, int rope, cudaStream_t stream, bool tensor_cores) {
   if constexpr (sizeof(T) == 2) {
-    if (tensor_cores && (latent == 256 || latent == 512)) {
+    if (mla_on_tensor_cores(sizeof(T), latent, tensor_cores)) {
       if (latent == 512)
         return rope == 64 ? mla_mma_launch<T, 512, 64>(p, stream) : mla_mma_launch<T, 512, 0>(p, stream);
       return rope == 64 ? mla_mma_launch<T, 256, 64>(p, stream) : mla_mma_launch<T, 256, 0>(p, stream);

@@ -21,10 +21,12 @@ __device__ __forceinline__ WorkItem work_item(const int32_t* work, int i) {
   const int32_t* w = work + kWorkInts * i;
   return {w[0], w[1], w[2], w[3], w[4], w[5], w[6]};
 }
-// How many local tokens row r of the item attends (its query token's length, clamped to the block table's
-// capacity); 0 for a row past n.
+// A length as the split passes read it: clamped to [0, the block table's capacity] (a GPU kernel cannot raise).
+__device__ __forceinline__ int clamp_len(int len, int capacity) { return max(0, min(len, capacity)); }
+
+// How many local tokens row r of the item attends (its query token's clamped length); 0 for a row past n.
 __device__ __forceinline__ int row_len(const WorkItem& it, int r, int G, const int32_t* seq_lens, int capacity) {
-  return r < it.n ? max(0, min(seq_lens[it.token(r, G)], capacity)) : 0;
+  return r < it.n ? clamp_len(seq_lens[it.token(r, G)], capacity) : 0;
 }
 
 template <int LANES>

@@ -51,7 +51,7 @@ __device__ __forceinline__ void plan_seq(const SplitPlanParams& p, int b, int& t
 }
 
 __device__ __forceinline__ int plan_len(const SplitPlanParams& p, int t) {
-  return max(0, min(p.seq_lens[t], p.capacity));
+  return clamp_len(p.seq_lens[t], p.capacity);
 }
 
 // The longest length among the query tokens of row tile rt of a sequence with n tokens from t0.
