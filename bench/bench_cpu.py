@@ -136,35 +136,55 @@ def paged(B, L, block_size, entry, dtype, gen):
     return cache, table
 
 
-def gqa_case(B, L, dtype, gen, Hq=16, Hkv=2, D=128, bs=16):
+FP8 = torch.float8_e4m3fn
+
+
+def fp8(cache):
+    """A cache stored as e4m3 with its per-tensor scale (amax / 448, as vLLM calibrates): (cache, scale [1])."""
+    scale = cache.float().abs().amax().reshape(1) / 448
+    return (cache.float() / scale).to(FP8), scale
+
+
+def gqa_case(B, L, dtype, gen, Hq=16, Hkv=2, D=128, bs=16, kv_fp8=False):
+    """kv_fp8: e4m3 caches with their scales (the query stays `dtype`); the torch baselines dequantize the gathered
+    pages to the matmul dtype and fold the scales in (sdpa takes no fp8 tensors: not run)."""
     k, table = paged(B, L, bs, (Hkv, D), dtype, gen)
     v = torch.randn(k.shape, generator=gen).to(dtype)
     q = torch.randn(B, Hq, D, generator=gen).to(dtype)
     lens = torch.full((B,), L, dtype=torch.int32)
     scale = D ** -0.5
+    scales, ks, vs = {}, 1.0, 1.0
+    if kv_fp8:
+        (k, k_scale), (v, v_scale) = fp8(k), fp8(v)
+        scales, ks, vs = dict(k_scale=k_scale, v_scale=v_scale), float(k_scale), float(v_scale)
 
     def ours():
-        return dcp_ops.gqa_decode_partial(q, k, v, table, lens, scale)
+        return dcp_ops.gqa_decode_partial(q, k, v, table, lens, scale, **scales)
 
     def bmm(dt):
-        return lambda: torch_baselines.gqa_bmm(q, k, v, table, L, scale, dt)
+        return lambda: torch_baselines.gqa_bmm(q, k, v, table, L, scale * ks, dt) * vs
 
     def sdpa():
         return torch_baselines.gqa_sdpa(q, k, v, table, L, scale)
 
     flops = 4 * B * L * Hq * D
     kv_bytes = 2 * B * L * Hkv * D * k.element_size()
-    return ours, dict(bmm=bmm(dtype), bmm_fp32=bmm(torch.float32), sdpa=sdpa), flops, kv_bytes
+    base = dict(bmm=bmm(dtype), bmm_fp32=bmm(torch.float32))
+    return ours, base if kv_fp8 else dict(base, sdpa=sdpa), flops, kv_bytes
 
 
-def mla_inputs(B, L, dtype, gen, H, absorb, latent=512, rope=64, d_nope=128, bs=64):
-    """The MLA rows' arguments of mla_decode_partial (by keyword): B sequences of L tokens in a paged latent cache."""
+def mla_inputs(B, L, dtype, gen, H, absorb, latent=512, rope=64, d_nope=128, bs=64, kv_fp8=False):
+    """The MLA rows' arguments of mla_decode_partial (by keyword): B sequences of L tokens in a paged latent cache
+    (kv_fp8: stored as e4m3, with kv_scale)."""
     kv, table = paged(B, L, bs, (latent + rope,), dtype, gen)
+    extra = {}
+    if kv_fp8:
+        kv, extra["kv_scale"] = fp8(kv)
     w_uk = (torch.randn(H, d_nope, latent, generator=gen) * d_nope ** -0.5).to(dtype) if absorb else None
     q_nope = torch.randn(B, H, d_nope if absorb else latent, generator=gen).to(dtype)
     q_pe = torch.randn(B, H, rope, generator=gen).to(dtype)
     return dict(q_nope=q_nope, q_pe=q_pe, kv_cache=kv, block_table=table,
-                seq_lens=torch.full((B,), L, dtype=torch.int32), scale=(d_nope + rope) ** -0.5, w_uk=w_uk)
+                seq_lens=torch.full((B,), L, dtype=torch.int32), scale=(d_nope + rope) ** -0.5, w_uk=w_uk, **extra)
 
 
 def mla_case(x):
@@ -174,18 +194,21 @@ def mla_case(x):
     B, H, d_nope = q_nope.shape
     L, rope = int(x["seq_lens"].max()), q_pe.shape[-1]
     latent, absorb = kv.shape[-1] - rope, w_uk is not None
+    ks = float(x["kv_scale"]) if "kv_scale" in x else 1.0
 
     def ours():
         return dcp_ops.mla_decode_partial(**x)
 
     def bmm(dt):
-        return lambda: torch_baselines.mla_bmm(q_nope, q_pe, kv, table, L, scale, w_uk, dt)
+        return lambda: torch_baselines.mla_bmm(q_nope, q_pe, kv, table, L, scale * ks, w_uk, dt) * ks
 
     def sdpa():
         return torch_baselines.mla_sdpa(q_nope, q_pe, kv, table, L, scale, w_uk)
 
     flops = 2 * B * L * H * (latent + rope + latent) + (2 * B * H * d_nope * latent if absorb else 0)
     kv_bytes = B * L * (latent + rope) * kv.element_size()
+    if kv.dtype == FP8:  # the matmuls run in the query's dtype; sdpa takes no fp8 tensors
+        return ours, dict(bmm=bmm(q_nope.dtype), bmm_fp32=bmm(torch.float32)), flops, kv_bytes
     return ours, dict(bmm=bmm(kv.dtype), bmm_fp32=bmm(torch.float32), sdpa=sdpa), flops, kv_bytes
 
 
@@ -221,8 +244,15 @@ def main():
                         name = f"MLA {H}h 512+64{' w_uk' if absorb else ''}"
                         cases.append((name, dtype, L, B, lambda B=B, L=L, dt=dtype, H=H, a=absorb:
                                       mla_case(mla_inputs(B, L, dt, gen, H, a))))
+    # FP8 caches (bf16 queries) next to the bf16 rows above: the KV bytes column is what each reads
+    for L in (4096, 32768):
+        for B in batches:
+            cases.append(("GQA 16q/2kv d128 fp8", torch.bfloat16, L, B,
+                          lambda B=B, L=L: gqa_case(B, L, torch.bfloat16, gen, kv_fp8=True)))
+            cases.append(("MLA 16h 512+64 fp8", torch.bfloat16, L, B,
+                          lambda B=B, L=L: mla_case(mla_inputs(B, L, torch.bfloat16, gen, 16, False, kv_fp8=True))))
     rows = []
-    hdr = (f"{'op':<22} {'dtype':<5} {'ctx':>6} {'B':>3} {'ms':>9} {'GB/s':>6} {'GFLOP/s':>8} {'roof':>5} "
+    hdr = (f"{'op':<22} {'dtype':<5} {'ctx':>6} {'B':>3} {'ms':>9} {'KV MB':>6} {'GB/s':>6} {'GFLOP/s':>8} {'roof':>5} "
            f"{'bmm':>9} {'bmm32':>9} {'sdpa':>9} {'vs best':>7} {'read':>5} {'mm32':>5}")
     print(hdr)
     print("-" * len(hdr))
@@ -246,7 +276,8 @@ def main():
         base = {b: times.get(b) for b in baselines}  # None: predicted over BASELINE_BUDGET_S, not run
         best = min(v for v in base.values() if v is not None)
         row = dict(op=name, dtype=str(dtype).replace("torch.", ""), context=L, batch=B, ms=t * 1e3,
-                   kv_GBps=kv_bytes / t / 1e9, GFLOPs=flops / t / 1e9, roofline_fraction=roof_t / t,
+                   kv_MB=kv_bytes / 1e6, kv_GBps=kv_bytes / t / 1e9, GFLOPs=flops / t / 1e9,
+                   roofline_fraction=roof_t / t,
                    baselines_ms={k: (v * 1e3 if v is not None else None) for k, v in base.items()},
                    speedup_vs_best_torch=best / t, ceilings=row_ceil)
         rows.append(row)
@@ -255,7 +286,8 @@ def main():
             if k not in base:
                 return f"{'-':>9}"
             return f"{base[k] * 1e3:>9.1f}" if base[k] is not None else f"{'(skip)':>9}"
-        print(f"{name:<22} {row['dtype'][:5]:<5} {L:>6} {B:>3} {t * 1e3:>9.2f} {row['kv_GBps']:>6.1f} "
+        print(f"{name:<22} {row['dtype'][:5]:<5} {L:>6} {B:>3} {t * 1e3:>9.2f} {row['kv_MB']:>6.1f} "
+              f"{row['kv_GBps']:>6.1f} "
               f"{row['GFLOPs']:>8.1f} {row['roofline_fraction']:>5.2f} {cell('bmm')} {cell('bmm_fp32')} "
               f"{cell('sdpa')} {row['speedup_vs_best_torch']:>6.1f}x {row_ceil['read_GBps']:>5.1f} "
               f"{row_ceil['fp32_GFLOPs']:>5.0f}", flush=True)

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,24 @@ inline void check_dense_tail(const at::Tensor& t, int64_t from, const char* op, 
               " on (a token's entry contiguous), got shape ", t.sizes(), " strides ", t.strides());
     expected *= t.size(d);
   }
+}
+
+// The scale of a cache (docs/design.md §6): a float8_e4m3fn cache needs one, a 1-element fp32 tensor on its device
+// (stored value x scale is the dequantized value); any other cache takes none. Returns whether the cache is FP8.
+inline bool check_kv_scale(const at::Tensor& cache, const std::optional<at::Tensor>& scale, const char* op,
+                           const char* cache_name, const char* scale_name) {
+  if (cache.scalar_type() != at::kFloat8_e4m3fn) {
+    DCP_CHECK(!scale.has_value(), op, scale_name, " is for float8_e4m3fn caches only, got one with a ",
+              cache.scalar_type(), " ", cache_name);
+    return false;
+  }
+  DCP_CHECK(scale.has_value(), op, scale_name, " is required with a float8_e4m3fn ", cache_name,
+            " (stored value x ", scale_name, " is the dequantized value), got None");
+  check_dtype(*scale, at::kFloat, op, scale_name);
+  DCP_CHECK(scale->numel() == 1 && scale->dim() <= 1, op, scale_name,
+            " must be a 1-element tensor (shape [] or [1]), got shape ", scale->sizes());
+  check_same_device(*scale, cache, op, scale_name, cache_name);
+  return true;
 }
 
 // Paged-cache metadata: block_table [rows, max_blocks] int32, seq_lens [batch] int32, on the cache's device; rows is

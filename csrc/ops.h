@@ -12,8 +12,10 @@ namespace dcp_ops {
 using at::Tensor;
 
 // Sizes of a paged decode problem after validation.
+// fp8: the cache is float8_e4m3fn, read with its scale(s) (docs/design.md §6).
 struct DecodeDims {
   int64_t T, Hq, Hkv, Dk, Dv, num_blocks, block_size, max_blocks;
+  bool fp8;
 };
 
 // Numerics of the decode ops on 16-bit caches (docs/design.md §2): kNative feeds the tensor cores 16-bit operands (the
@@ -35,10 +37,12 @@ Tensor query_block_table(const Tensor& block_table, const std::optional<Tensor>&
 
 // Validation (csrc/validate.cpp): dtypes, ranks, shapes, devices and strides; no tensor values are read.
 DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
-                        const Tensor& seq_lens, double scale, const std::optional<Tensor>& cu_seqlens_q);
+                        const Tensor& seq_lens, double scale, const std::optional<Tensor>& cu_seqlens_q,
+                        const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale);
 DecodeDims validate_mla(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache, const Tensor& block_table,
                         const Tensor& seq_lens, double scale, const std::optional<Tensor>& w_uk,
-                        const std::optional<Tensor>& w_uv, const std::optional<Tensor>& cu_seqlens_q);
+                        const std::optional<Tensor>& w_uv, const std::optional<Tensor>& cu_seqlens_q,
+                        const std::optional<Tensor>& kv_scale);
 void validate_merge(const Tensor& outs, const Tensor& lses, double lse_base, const char* op);
 void validate_correct(const Tensor& out, const Tensor& lses, int64_t rank, double lse_base);
 void validate_pack_exchange(const Tensor& out, const Tensor& lse, const Tensor& send);
@@ -51,12 +55,15 @@ int64_t exchange_pad(at::ScalarType dtype);  // elements after D in a packed a2a
 std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                   c10::string_view precision,
-                                                  const std::optional<Tensor>& cu_seqlens_q);
+                                                  const std::optional<Tensor>& cu_seqlens_q,
+                                                  const std::optional<Tensor>& k_scale,
+                                                  const std::optional<Tensor>& v_scale);
 std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                   const std::optional<Tensor>& w_uk,
                                                   const std::optional<Tensor>& w_uv, c10::string_view precision,
-                                                  const std::optional<Tensor>& cu_seqlens_q);
+                                                  const std::optional<Tensor>& cu_seqlens_q,
+                                                  const std::optional<Tensor>& kv_scale);
 std::tuple<Tensor, Tensor> merge_partials_cpu(const Tensor& outs, const Tensor& lses, double lse_base,
                                               c10::string_view nonfinite_lse);
 Tensor correct_partial_cpu(Tensor& out, const Tensor& lses, int64_t rank, double lse_base,
@@ -69,12 +76,15 @@ void write_kv_cpu(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mappin
 std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                                    const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                    c10::string_view precision,
-                                                   const std::optional<Tensor>& cu_seqlens_q);
+                                                   const std::optional<Tensor>& cu_seqlens_q,
+                                                   const std::optional<Tensor>& k_scale,
+                                                   const std::optional<Tensor>& v_scale);
 std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
                                                    const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                    const std::optional<Tensor>& w_uk,
                                                    const std::optional<Tensor>& w_uv, c10::string_view precision,
-                                                   const std::optional<Tensor>& cu_seqlens_q);
+                                                   const std::optional<Tensor>& cu_seqlens_q,
+                                                   const std::optional<Tensor>& kv_scale);
 std::tuple<Tensor, Tensor> merge_partials_cuda(const Tensor& outs, const Tensor& lses, double lse_base,
                                                c10::string_view nonfinite_lse);
 Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, double lse_base,

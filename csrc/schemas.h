@@ -6,11 +6,12 @@ namespace dcp_ops::schema {
 
 constexpr const char* kGqaDecodePartial =
     "gqa_decode_partial(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, float scale, "
-    "*, str precision=\"native\", Tensor? cu_seqlens_q=None) -> (Tensor out, Tensor lse)";
+    "*, str precision=\"native\", Tensor? cu_seqlens_q=None, Tensor? k_scale=None, Tensor? v_scale=None) "
+    "-> (Tensor out, Tensor lse)";
 constexpr const char* kMlaDecodePartial =
     "mla_decode_partial(Tensor q_nope, Tensor q_pe, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
-    "float scale, Tensor? w_uk=None, Tensor? w_uv=None, *, str precision=\"native\", Tensor? cu_seqlens_q=None) "
-    "-> (Tensor out, Tensor lse)";
+    "float scale, Tensor? w_uk=None, Tensor? w_uv=None, *, str precision=\"native\", Tensor? cu_seqlens_q=None, "
+    "Tensor? kv_scale=None) -> (Tensor out, Tensor lse)";
 constexpr const char* kMergePartials =
     "merge_partials(Tensor outs, Tensor lses, float lse_base=2.718281828459045, str nonfinite_lse=\"empty\") "
     "-> (Tensor out, Tensor lse)";

@@ -69,19 +69,24 @@ static void check_scale(double scale, const char* op) {
 }
 
 DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
-                        const Tensor& seq_lens, double scale, const std::optional<Tensor>& cu_seqlens_q) {
+                        const Tensor& seq_lens, double scale, const std::optional<Tensor>& cu_seqlens_q,
+                        const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
   constexpr const char* op = "gqa_decode_partial";
   check_dim(q, 3, op, "q", "[T, H_q, D]");
   check_dim(k_cache, 4, op, "k_cache", "[num_blocks, block_size, H_kv, D]");
   check_dim(v_cache, 4, op, "v_cache", "[num_blocks, block_size, H_kv, D]");
   check_float(q, op, "q");
-  check_dtype(k_cache, q.scalar_type(), op, "k_cache");
-  check_dtype(v_cache, q.scalar_type(), op, "v_cache");
+  // The caches have q's dtype, or are both float8_e4m3fn with their scales (docs/design.md §6).
+  const bool fp8 = check_kv_scale(k_cache, k_scale, op, "k_cache", "k_scale");
+  check_dtype(k_cache, fp8 ? at::kFloat8_e4m3fn : q.scalar_type(), op, "k_cache");
+  check_dtype(v_cache, k_cache.scalar_type(), op, "v_cache");
+  check_kv_scale(v_cache, v_scale, op, "v_cache", "v_scale");
   check_same_device(k_cache, q, op, "k_cache", "q");
   check_same_device(v_cache, q, op, "v_cache", "q");
   DCP_CHECK(k_cache.sizes() == v_cache.sizes(), op, "v_cache must have the shape of k_cache ", k_cache.sizes(),
             ", got ", v_cache.sizes());
   DecodeDims d{};
+  d.fp8 = fp8;
   d.T = q.size(0);
   d.Hq = q.size(1);
   d.Dk = d.Dv = q.size(2);
@@ -104,17 +109,21 @@ DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 
 DecodeDims validate_mla(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache, const Tensor& block_table,
                         const Tensor& seq_lens, double scale, const std::optional<Tensor>& w_uk,
-                        const std::optional<Tensor>& w_uv, const std::optional<Tensor>& cu_seqlens_q) {
+                        const std::optional<Tensor>& w_uv, const std::optional<Tensor>& cu_seqlens_q,
+                        const std::optional<Tensor>& kv_scale) {
   constexpr const char* op = "mla_decode_partial";
   check_dim(q_nope, 3, op, "q_nope", "[T, H, D_latent] or [T, H, D_nope] with w_uk");
   check_dim(q_pe, 3, op, "q_pe", "[T, H, D_rope]");
   check_dim(kv_cache, 3, op, "kv_cache", "[num_blocks, block_size, D_latent + D_rope]");
   check_float(q_nope, op, "q_nope");
   check_dtype(q_pe, q_nope.scalar_type(), op, "q_pe");
-  check_dtype(kv_cache, q_nope.scalar_type(), op, "kv_cache");
+  // kv_cache has q's dtype, or is float8_e4m3fn with its kv_scale (docs/design.md §6)
+  const bool fp8 = check_kv_scale(kv_cache, kv_scale, op, "kv_cache", "kv_scale");
+  if (!fp8) check_dtype(kv_cache, q_nope.scalar_type(), op, "kv_cache");
   check_same_device(q_pe, q_nope, op, "q_pe", "q_nope");
   check_same_device(kv_cache, q_nope, op, "kv_cache", "q_nope");
   DecodeDims d{};
+  d.fp8 = fp8;
   d.T = q_nope.size(0);
   d.Hq = q_nope.size(1);
   d.Hkv = 1;
@@ -243,18 +252,10 @@ void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& 
   for (int64_t d = 2; d < cache.dim(); ++d)
     DCP_CHECK(new_kv.size(d - 1) == cache.size(d), op, "new must be [T, *E] with E = cache.shape[2:] ",
               cache.sizes().slice(2), ", got shape ", new_kv.sizes());
-  if (cache.scalar_type() == at::kFloat8_e4m3fn) {  // an FP8 cache stores new / scale (docs/design.md §6)
-    DCP_CHECK(scale.has_value(), op, "scale is required with a float8_e4m3fn cache (it stores new / scale), got None");
+  if (check_kv_scale(cache, scale, op, "cache", "scale"))  // an FP8 cache stores new / scale (docs/design.md §6)
     check_float(new_kv, op, "new");
-    check_dtype(*scale, at::kFloat, op, "scale");
-    DCP_CHECK(scale->numel() == 1 && scale->dim() <= 1, op, "scale must be a 1-element tensor (shape [] or [1]), got "
-              "shape ", scale->sizes());
-    check_same_device(*scale, cache, op, "scale", "cache");
-  } else {
-    DCP_CHECK(!scale.has_value(), op, "scale is for float8_e4m3fn caches only, got one with a ", cache.scalar_type(),
-              " cache");
+  else
     check_dtype(new_kv, cache.scalar_type(), op, "new");
-  }
   check_dim(slot_mapping, 1, op, "slot_mapping", "[T]");
   DCP_CHECK(slot_mapping.scalar_type() == at::kInt || slot_mapping.scalar_type() == at::kLong, op,
             "slot_mapping must have dtype int32 (or int64), got ", slot_mapping.scalar_type());

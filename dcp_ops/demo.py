@@ -1,7 +1,8 @@
 """The main job: a real DCP decode run on N ranks, checked against unsharded float64 attention.
 
 Every rank builds the same unsharded paged cache, keeps only its shard (dcp_ops.Placement.shard), and runs dcp_attention
-in every mode for a DeepSeek-V3-shaped MLA layer (128 heads, 512 + 64 latent, w_uk / w_uv) and a GQA layer. Each rank
+in every mode for a DeepSeek-V3-shaped MLA layer (128 heads, 512 + 64 latent, w_uk / w_uv; also verifying 2 MTP tokens
+per sequence, and on an FP8 e4m3 cache) and a GQA layer. Each rank
 checks its heads against the float64 reference over the *unsharded* cache; rank 0 prints the table.
 --device cpu: N CPU processes over gloo. --device cuda: one process per GPU over NCCL (the shard, queries and
 weights move to the rank's GPU; the reference stays on the CPU). Both run the same code below. Launched by torchrun
@@ -61,6 +62,14 @@ def _layers(args, world, dtype):
                        q=q_mtp.to(dtype), w_uk=w_uk, w_uv=w_uv, scale=(d_nope + rope) ** -0.5, rope=rope, d_out=d_v,
                        row_bytes=(latent + rope) * kv.element_size(), positions=positions,
                        cu=torch.arange(0, 2 * B + 1, 2, dtype=torch.int32)))
+    # FP8: the same layer's cache stored as e4m3 with a per-tensor scale (vLLM's kv_cache_dtype=fp8); KV if TP is a
+    # bf16 cache's
+    kv_scale = kv.float().abs().amax().reshape(1) / 448
+    kv8 = (kv.float() / kv_scale).to(torch.float8_e4m3fn)
+    layers.append(dict(name="MLA 128h fp8 w_uk+w_uv", kind="mla", cache=(kv8,), table=table, lens=lens,
+                       q=torch.cat([q_nope, q_pe], -1), w_uk=w_uk, w_uv=w_uv, scale=(d_nope + rope) ** -0.5,
+                       rope=rope, d_out=d_v, row_bytes=latent + rope, tp_row_bytes=(latent + rope) * 2,
+                       scales=dict(kv_scale=kv_scale)))
     q_lat = torch.randn(B, H, latent, generator=gen).to(dtype)
     layers.append(dict(name="MLA 128h latent", kind="mla", cache=(kv,), table=table, lens=lens,
                        q=torch.cat([q_lat, q_pe], -1), w_uk=None, w_uv=None, scale=(d_nope + rope) ** -0.5,
@@ -89,7 +98,7 @@ def _reference(layer, heads):
     w_uv = layer["w_uv"][heads] if layer["w_uv"] is not None else None
     split = q.shape[-1] - rope
     return ref.mla_decode_partial(q[..., :split], q[..., split:], layer["cache"][0], layer["table"], seq_lens,
-                                  layer["scale"], w_uk, w_uv, cu_seqlens_q=cu)[0]
+                                  layer["scale"], w_uk, w_uv, cu_seqlens_q=cu, **layer.get("scales", {}))[0]
 
 
 def _backend(args, local_rank):
@@ -126,12 +135,13 @@ def _worker(rank, world, init_file, args, results):
         local, cu = local.to(dev), cu.to(dev) if cu is not None else None
         shards = [place.shard(c, layer["table"], seq_lens, fill=NAN).to(dev) for c in layer["cache"]]
         table = layer["table"].to(dev)
+        scales = {name: x.to(dev) for name, x in layer.get("scales", {}).items()}
         if layer["kind"] == "gqa":
             shard = dcp_ops.GQAShard(shards[0], shards[1], table, local, layer["scale"], cu, placement=place)
         else:
             w_uk, w_uv = (w.to(dev) if w is not None else None for w in (layer["w_uk"], layer["w_uv"]))
             shard = dcp_ops.MLAShard(shards[0], table, local, layer["scale"], layer["rope"], w_uk, w_uv, cu,
-                                     placement=place)
+                                     placement=place, **scales)
         H = layer["q"].shape[1]
         h_loc = H // world
         mine = slice(rank * h_loc, (rank + 1) * h_loc)
@@ -153,7 +163,7 @@ def _worker(rank, world, init_file, args, results):
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
             tmed = torch.tensor([statistics.median(times)], device=dev)
             dist.all_reduce(tmed, op=dist.ReduceOp.MAX)
-            full_kv = sum(layer["lens"]) * layer["row_bytes"]
+            full_kv = sum(layer["lens"]) * layer.get("tp_row_bytes", layer["row_bytes"])
             kv_rank = int(place.local_seq_lens(seq_lens).sum()) * layer["row_bytes"]
             sent = dcp_ops.exchange_bytes(mode, layer["q"].shape[0], H, layer["d_out"], world, dtype,
                                           q_dim=layer["q"].shape[-1])
@@ -229,7 +239,8 @@ def main(argv=None):
         ok &= err <= tol
         print(f"{name:<22} {mode:<6} {err:>10.2e} {_fmt_bytes(kv_rank):>11} {_fmt_bytes(full_kv):>11} "
               f"{_fmt_bytes(sent):>11} {t * 1e3:>8.1f}")
-    print(f"KV per rank is {100 / args.world_size:.0f}% of a replicated (TP) cache; "
+    print(f"KV per rank is {100 / args.world_size:.0f}% of a replicated (TP) cache of the same dtype (the fp8 "
+          f"layer's TP column: bf16, so {50 / args.world_size:.1f}%); "
           f"all modes {'agree' if ok else 'DISAGREE'} with unsharded attention (tolerance {tol:g}); "
           f"wall time {time.perf_counter() - t0:.1f} s")
     return 0 if ok else 1

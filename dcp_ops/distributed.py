@@ -28,7 +28,8 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 class GQAShard:
     """This rank's GQA KV shard: k_cache, v_cache [num_blocks, block_size, H_kv, D]; block_table [B, max_blocks]
     int32 (the same on every rank); seq_lens [B] int32, this rank's local lengths; softmax scale. placement: the
-    Placement the cache was written with (optional): dcp_attention then refuses a group or cache it does not match."""
+    Placement the cache was written with (optional): dcp_attention then refuses a group or cache it does not match.
+    k_scale, v_scale: the scales of float8_e4m3fn caches, 1-element fp32 tensors (docs/design.md §6)."""
     k_cache: Tensor
     v_cache: Tensor
     block_table: Tensor
@@ -36,12 +37,15 @@ class GQAShard:
     scale: float
     cu_seqlens_q: Optional[Tensor] = None  # multi-token decode: [B + 1] int32, seq_lens then [T] (docs/design.md §6)
     placement: Optional[Placement] = None
+    k_scale: Optional[Tensor] = None
+    v_scale: Optional[Tensor] = None
 
 
 @dataclass
 class MLAShard:
     """This rank's MLA latent-cache shard: kv_cache [num_blocks, block_size, D_latent + rope_dim] (latent first);
-    w_uk [H, D_nope, D_latent] and w_uv [H, D_latent, D_v] cover all H = N * H_loc heads when given."""
+    w_uk [H, D_nope, D_latent] and w_uv [H, D_latent, D_v] cover all H = N * H_loc heads when given. kv_scale: the
+    scale of a float8_e4m3fn cache, a 1-element fp32 tensor (docs/design.md §6)."""
     kv_cache: Tensor
     block_table: Tensor
     seq_lens: Tensor
@@ -51,6 +55,7 @@ class MLAShard:
     w_uv: Optional[Tensor] = None
     cu_seqlens_q: Optional[Tensor] = None  # as GQAShard's
     placement: Optional[Placement] = None  # as GQAShard's
+    kv_scale: Optional[Tensor] = None
 
 
 class Workspace:
@@ -104,7 +109,8 @@ def _all_gather(out: Tensor, inp: Tensor, group) -> None:
 def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard], precision: str) -> Tuple[Tensor, Tensor]:
     if isinstance(shard, GQAShard):
         return ops.gqa_decode_partial(q_all, shard.k_cache, shard.v_cache, shard.block_table, shard.seq_lens,
-                                      shard.scale, precision=precision, cu_seqlens_q=shard.cu_seqlens_q)
+                                      shard.scale, precision=precision, cu_seqlens_q=shard.cu_seqlens_q,
+                                      k_scale=shard.k_scale, v_scale=shard.v_scale)
     else:  # an MLAShard (dcp_attention checked the type)
         rope = shard.rope_dim
         if not 0 <= rope < q_all.shape[-1]:
@@ -113,7 +119,7 @@ def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard], precision: str) ->
         split = q_all.shape[-1] - rope  # rope last; rope_dim 0 leaves an empty q_pe
         return ops.mla_decode_partial(q_all[..., :split], q_all[..., split:], shard.kv_cache, shard.block_table,
                                       shard.seq_lens, shard.scale, shard.w_uk, shard.w_uv, precision=precision,
-                                      cu_seqlens_q=shard.cu_seqlens_q)
+                                      cu_seqlens_q=shard.cu_seqlens_q, kv_scale=shard.kv_scale)
 
 
 def exchange_bytes(mode: str, T: int, H: int, d_out: int, world_size: int, dtype: torch.dtype,

@@ -65,28 +65,33 @@ def check_nonfinite_lse(op: str, nonfinite_lse: str) -> str:
 
 
 def gqa_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
-                       scale: float, *, precision: str = "native",
-                       cu_seqlens_q: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                       scale: float, *, precision: str = "native", cu_seqlens_q: Optional[Tensor] = None,
+                       k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Partial decode attention of GQA/MHA queries over this rank's paged KV tokens.
 
-    q [T, H_q, D]; k_cache, v_cache [num_blocks, block_size, H_kv, D] (same dtype as q; strided views of a combined
-    [2, ...] cache are fine); block_table [T, max_blocks] int32; seq_lens [T] int32 (this rank's local lengths).
+    q [T, H_q, D]; k_cache, v_cache [num_blocks, block_size, H_kv, D] (q's dtype, or FP8 below; strided views of a
+    combined [2, ...] cache are fine); block_table [T, max_blocks] int32; seq_lens [T] int32 (this rank's local lengths).
     Query head h reads KV head h // (H_q / H_kv). Returns out [T, H_q, D] (q's dtype, normalised) and lse [T, H_q]
     fp32 natural log (-inf where seq_lens is 0). precision: "native" or "fp32" (the module docstring).
     Multi-token decode (docs/design.md §6): with cu_seqlens_q [B + 1] int32, query tokens cu[b] .. cu[b+1]-1 belong
     to block-table row b (block_table [B, max_blocks]), and seq_lens [T] holds each query token's count of this
     rank's keys (local_causal_lens of its position).
+    FP8 caches (docs/design.md §6): k_cache and v_cache of dtype torch.float8_e4m3fn with k_scale and v_scale, each a
+    1-element fp32 tensor on their device (vLLM's); stored value x scale is the dequantized value. The query stays
+    fp32 / bf16 / fp16 and the output has its dtype; k_scale folds into the softmax scale and v_scale into the output,
+    in fp32.
     """
     return _ops.gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens,
                                    _real("gqa_decode_partial", "scale", scale),
                                    precision=check_precision("gqa_decode_partial", precision),
-                                   cu_seqlens_q=cu_seqlens_q)
+                                   cu_seqlens_q=cu_seqlens_q, k_scale=k_scale, v_scale=v_scale)
 
 
 def mla_decode_partial(q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
                        scale: float, w_uk: Optional[Tensor] = None,
                        w_uv: Optional[Tensor] = None, *, precision: str = "native",
-                       cu_seqlens_q: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                       cu_seqlens_q: Optional[Tensor] = None,
+                       kv_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Partial decode attention of MLA queries over this rank's paged latent cache.
 
     q_nope [T, H, D_latent], or the pre-absorption [T, H, D_nope] with w_uk [H, D_nope, D_latent] fused in;
@@ -95,12 +100,13 @@ def mla_decode_partial(q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor, block_tab
     Returns out [T, H, D_latent] (or [T, H, D_v] with w_uv [H, D_latent, D_v] applied to the normalised output)
     in q's dtype, and lse [T, H] fp32 natural log. precision: "native" or "fp32" (the module docstring); in "native"
     the absorbed query is rounded to the cache's type after w_uk. cu_seqlens_q: multi-token decode, as in
-    gqa_decode_partial.
+    gqa_decode_partial. FP8 cache: kv_cache of dtype torch.float8_e4m3fn with kv_scale, a 1-element fp32 tensor on
+    its device, scaling both keys and values (as gqa_decode_partial's k_scale and v_scale).
     """
     return _ops.mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens,
                                    _real("mla_decode_partial", "scale", scale), w_uk, w_uv,
                                    precision=check_precision("mla_decode_partial", precision),
-                                   cu_seqlens_q=cu_seqlens_q)
+                                   cu_seqlens_q=cu_seqlens_q, kv_scale=kv_scale)
 
 
 def merge_partials(outs: Tensor, lses: Tensor, lse_base: float = math.e,
@@ -192,18 +198,19 @@ def _same_device(op: str, ref_name: str, ref: Tensor, **others: Optional[Tensor]
 
 
 @torch.library.register_fake("dcp_ops::gqa_decode_partial")
-def _gqa_fake(q, k_cache, v_cache, block_table, seq_lens, scale, precision="native", cu_seqlens_q=None):
+def _gqa_fake(q, k_cache, v_cache, block_table, seq_lens, scale, precision="native", cu_seqlens_q=None, k_scale=None,
+              v_scale=None):
     _same_device("gqa_decode_partial", "q", q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
-                 seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q)
+                 seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, k_scale=k_scale, v_scale=v_scale)
     T, H, D = q.shape
     return q.new_empty((T, H, D)), q.new_empty((T, H), dtype=torch.float32)
 
 
 @torch.library.register_fake("dcp_ops::mla_decode_partial")
 def _mla_fake(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk=None, w_uv=None, precision="native",
-              cu_seqlens_q=None):
+              cu_seqlens_q=None, kv_scale=None):
     _same_device("mla_decode_partial", "q_nope", q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table,
-                 seq_lens=seq_lens, w_uk=w_uk, w_uv=w_uv, cu_seqlens_q=cu_seqlens_q)
+                 seq_lens=seq_lens, w_uk=w_uk, w_uv=w_uv, cu_seqlens_q=cu_seqlens_q, kv_scale=kv_scale)
     T, H, _ = q_nope.shape
     d_out = w_uv.shape[-1] if w_uv is not None else kv_cache.shape[-1] - q_pe.shape[-1]
     return q_nope.new_empty((T, H, d_out)), q_nope.new_empty((T, H), dtype=torch.float32)

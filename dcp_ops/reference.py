@@ -21,6 +21,11 @@ def _gather_tokens(cache: Tensor, block_table: Tensor, row: int, length: int) ->
     return cache[block_table[row, pos // bs].long(), pos % bs].double()
 
 
+def _dequantize(cache: Tensor, scale: Optional[Tensor]) -> Tensor:
+    """A cache as float64 values: an FP8 cache's stored values times its scale (docs/design.md §6), else itself."""
+    return cache.double() if scale is None else cache.double() * float(scale.reshape(()))
+
+
 def _round(x: Tensor, dtype: Optional[torch.dtype]) -> Tensor:
     """x rounded to dtype and back to float64 (x itself when dtype is None)."""
     return x if dtype is None else x.to(dtype).double()
@@ -50,11 +55,14 @@ def query_rows(block_table: Tensor, cu_seqlens_q: Optional[Tensor], T: int) -> T
     return block_table[torch.tensor(rows, dtype=torch.long)] if rows else block_table[:0]
 
 
-def gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, scale, round_to=None, cu_seqlens_q=None):
+def gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, scale, round_to=None, cu_seqlens_q=None,
+                       k_scale=None, v_scale=None):
     """(out [T, H_q, D], lse [T, H_q]) float64; query head h reads KV head h // (H_q / H_kv). round_to: the
     module docstring. cu_seqlens_q: multi-token decode (query_rows); query t attends this rank's first seq_lens[t]
-    tokens of its row, which is causal attention when seq_lens = local_causal_lens of the query positions."""
+    tokens of its row, which is causal attention when seq_lens = local_causal_lens of the query positions.
+    k_scale / v_scale: FP8 caches, dequantized (value x scale) in float64."""
     T, Hq, _ = q.shape
+    k_cache, v_cache = _dequantize(k_cache, k_scale), _dequantize(v_cache, v_scale)
     block_table = query_rows(block_table, cu_seqlens_q, T)
     group = Hq // k_cache.shape[2]
     out = torch.zeros(T, Hq, v_cache.shape[-1], dtype=torch.float64, device=q.device)
@@ -68,10 +76,11 @@ def gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens, scale, round_
 
 
 def mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk=None, w_uv=None, round_to=None,
-                       cu_seqlens_q=None):
+                       cu_seqlens_q=None, kv_scale=None):
     """(out [T, H, D_latent or D_v], lse [T, H]) float64. Keys: whole cache rows; values: the latent part.
-    round_to: the module docstring; cu_seqlens_q: as gqa_decode_partial's."""
+    round_to: the module docstring; cu_seqlens_q, kv_scale: as gqa_decode_partial's."""
     T, H, _ = q_nope.shape
+    kv_cache = _dequantize(kv_cache, kv_scale)
     block_table = query_rows(block_table, cu_seqlens_q, T)
     latent = kv_cache.shape[-1] - q_pe.shape[-1]
     q_lat = q_nope.double()

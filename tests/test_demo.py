@@ -14,8 +14,14 @@ def test_demo_runs_on_cpu_ranks_and_checks_itself(capsys):
     text = capsys.readouterr().out
     assert "DCP decode on 2 CPU ranks (gloo)" in text and "all modes agree with unsharded attention" in text
     rows = [line for line in text.splitlines() if line.startswith(("MLA", "GQA"))]
-    assert len(rows) == 12  # four layers (MTP included) x three modes
+    assert len(rows) == 15  # five layers (MTP and fp8 included) x three modes
     assert sum("MTP 2 tok" in row for row in rows) == 3
+    fp8 = [row for row in rows if " fp8 " in row]
+    assert len(fp8) == 3
+    unit = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
+    for row in fp8:  # KV per rank: 1 byte a value, against a bf16 TP cache (2 bytes, every token): about 2 x 2 ranks
+        kv_rank, kv_tp = (float(n) * unit[u] for n, u in re.findall(r"([\d.]+) (B|KiB|MiB|GiB)", row)[:2])
+        assert 3.9 < kv_tp / kv_rank < 4.1, row
     for row in rows:
         err = re.search(r" (\d\.\d\de[-+]\d+) ", row)  # the max |err| column
         assert err is not None and float(err.group(1)) <= 2e-5, row

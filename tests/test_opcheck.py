@@ -48,6 +48,15 @@ def test_opcheck_every_op():
     torch.library.opcheck(ops.write_kv, (torch.zeros(3, 4, 2, 8).to(torch.float8_e4m3fn), torch.randn(5, 2, 8),
                                          torch.tensor([0, -1, 11, 4, 7], dtype=I32), torch.tensor([0.25])),
                           test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
+    # the decode ops on fp8 caches with their scales (the same two checks, for the same reason)
+    q, k, v, table, lens, scale = _gqa()
+    fp8 = dict(test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
+    torch.library.opcheck(ops.gqa_decode_partial, (q, k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn), table,
+                                                   lens, scale),
+                          {"k_scale": torch.tensor([0.5]), "v_scale": torch.tensor([2.0])}, **fp8)
+    m = _mla(True)
+    torch.library.opcheck(ops.mla_decode_partial, (*m[:2], m[2].to(torch.float8_e4m3fn), *m[3:]),
+                          {"kv_scale": torch.tensor([0.25])}, **fp8)
 
 
 def test_compiled_merge_matches_eager():
@@ -59,11 +68,12 @@ def test_compiled_merge_matches_eager():
 
 SCHEMAS = {
     "gqa_decode_partial": "dcp_ops::gqa_decode_partial(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
-                          "Tensor seq_lens, float scale, *, str precision=\"native\", Tensor? cu_seqlens_q=None) -> "
-                          "(Tensor out, Tensor lse)",
+                          "Tensor seq_lens, float scale, *, str precision=\"native\", Tensor? cu_seqlens_q=None, "
+                          "Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor out, Tensor lse)",
     "mla_decode_partial": "dcp_ops::mla_decode_partial(Tensor q_nope, Tensor q_pe, Tensor kv_cache, Tensor block_table, "
                           "Tensor seq_lens, float scale, Tensor? w_uk=None, Tensor? w_uv=None, *, "
-                          "str precision=\"native\", Tensor? cu_seqlens_q=None) -> (Tensor out, Tensor lse)",
+                          "str precision=\"native\", Tensor? cu_seqlens_q=None, Tensor? kv_scale=None) -> "
+                          "(Tensor out, Tensor lse)",
     "merge_partials": "dcp_ops::merge_partials(Tensor outs, Tensor lses, float lse_base=2.7182818284590451, "
                       "str nonfinite_lse=\"empty\") -> (Tensor out, Tensor lse)",
     "correct_partial": "dcp_ops::correct_partial(Tensor(a!) out, Tensor lses, int rank, "

@@ -237,6 +237,45 @@ def mtp_row(ceil, H, latent, rope, bs, B=16, L=32768):
                2 * 2 * B * H * L * (2 * latent + rope), ceil, {})
 
 
+def fp8_rows(ceil, B=16, L=32768):
+    """FP8 e4m3 caches (bf16 queries, per-tensor scales) next to the bf16 rows: GQA 64q/8kv d128 and MLA 128h 512 + 64,
+    the KV bytes being half the bf16 rows'. Against torch's bmm on the dequantized gathered pages."""
+    rows = []
+    k_scale = torch.tensor([0.02], device="cuda")
+    Hq, Hkv, D, bs = 64, 8, 128, 16
+    kv_bytes = 2 * B * L * Hkv * D
+    sets = []
+    for _ in range(enough_sets(kv_bytes)):
+        k, v = (torch.randn(B * L // bs, bs, Hkv, D, device="cuda").to(torch.float8_e4m3fn) for _ in range(2))
+        table = torch.randperm(B * L // bs, device="cuda", dtype=torch.int32).view(B, -1)
+        sets.append((torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16), k, v, table,
+                     torch.full((B,), L, device="cuda", dtype=torch.int32)))
+    scale = D ** -0.5
+    ms = cuda_time(lambda q, k, v, t, s: dcp_ops.gqa_decode_partial(q, k, v, t, s, scale, k_scale=k_scale,
+                                                                    v_scale=k_scale), sets)
+    ours = dcp_ops.gqa_decode_partial(*sets[0], scale, k_scale=k_scale, v_scale=k_scale)[0]
+    base = torch_ms(dict(bmm=lambda q, k, v, t, s: tb.gqa_bmm(q, k, v, t, L, scale * 0.02, torch.bfloat16) * 0.02),
+                    sets, ours)
+    rows.append(row("gqa_decode_partial 64q/8kv fp8 e4m3", torch.bfloat16, B, L, ms, kv_bytes, 4 * B * L * Hq * D,
+                    ceil, base))
+    H, latent, rope, bs = 128, 512, 64, 64
+    kv_bytes = B * L * (latent + rope)
+    sets = []
+    for _ in range(enough_sets(kv_bytes)):
+        kv, table = paged_latent_cache(B, L, bs, latent + rope)
+        sets.append((torch.randn(B, H, latent, device="cuda", dtype=torch.bfloat16),
+                     torch.randn(B, H, rope, device="cuda", dtype=torch.bfloat16), kv.to(torch.float8_e4m3fn), table,
+                     torch.full((B,), L, device="cuda", dtype=torch.int32)))
+    scale = (128 + rope) ** -0.5
+    ms = cuda_time(lambda *a: dcp_ops.mla_decode_partial(*a, scale, kv_scale=k_scale), sets)
+    ours = dcp_ops.mla_decode_partial(*sets[0], scale, kv_scale=k_scale)[0]
+    base = torch_ms(dict(bmm=lambda qn, qp, c, t, s: tb.mla_bmm(qn, qp, c, t, L, scale * 0.02, None,
+                                                                torch.bfloat16) * 0.02), sets, ours)
+    rows.append(row("mla_decode_partial 128h fp8 e4m3", torch.bfloat16, B, L, ms, kv_bytes,
+                    2 * B * H * L * (2 * latent + rope), ceil, base))
+    return rows
+
+
 def merge_rows(ceil):
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
@@ -261,7 +300,7 @@ def main():
     ceil = dict(copy_GBps=copy_bandwidth(), bf16_TFLOPs=matmul_rate())
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}: copy {ceil['copy_GBps']:.0f} GB/s (read + "
           f"write), bf16 matmul {ceil['bf16_TFLOPs']:.0f} TFLOP/s")
-    rows = gqa_rows(ceil) + mla_rows(ceil) + merge_rows(ceil)
+    rows = gqa_rows(ceil) + mla_rows(ceil) + fp8_rows(ceil) + merge_rows(ceil)
     hdr = (f"{'op':<44} {'dtype':<8} {'B/T':>4} {'L/N':>6} {'ms':>8} {'GB/s':>6} {'TFLOP/s':>7} {'roof':>5} "
            f"{'bmm':>8} {'sdpa':>8} {'torch':>8} {'flashinf':>8} {'vs best':>7}")
     print(hdr)

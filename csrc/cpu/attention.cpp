@@ -40,6 +40,11 @@ void stage_rows(const Tensor& x, double mult, float* dst, int64_t ld, int64_t co
   });
 }
 
+// The value of an FP8 cache's scale (a 1-element fp32 CPU tensor, checked by the validators), 1 without one.
+double scale_value(const std::optional<Tensor>& scale) {
+  return scale.has_value() ? static_cast<double>(*scale->data_ptr<float>()) : 1.0;
+}
+
 cpu::PagedDecodeParams base_params(const float* q32, const DecodeDims& d, const Tensor& block_table,
                                    const Tensor& seq_lens, Tensor& out, Tensor& lse) {
   cpu::PagedDecodeParams p{};
@@ -58,6 +63,7 @@ cpu::PagedDecodeParams base_params(const float* q32, const DecodeDims& d, const 
   p.out = out.data_ptr();
   p.out_dtype = out.scalar_type();
   p.lse = lse.data_ptr<float>();
+  p.out_mult = 1.f;
   return p;
 }
 // Per-head projection y[t, h, :] += x[t, h, :] @ w[h] for fp32 rows x (row (t, h) at x + t * xs0 + h * xs1) and w
@@ -81,19 +87,25 @@ void per_head_matmul(const float* x, int64_t xs0, int64_t xs1, int64_t T, const 
 std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                                   const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
                                                   c10::string_view precision,
-                                                  const std::optional<Tensor>& cu_seqlens_q) {
+                                                  const std::optional<Tensor>& cu_seqlens_q,
+                                                  const std::optional<Tensor>& k_scale,
+                                                  const std::optional<Tensor>& v_scale) {
   parse_precision(precision, "gqa_decode_partial");  // exact under both: it passes the native bound too
-  const DecodeDims d = validate_gqa(q, k_cache, v_cache, block_table_arg, seq_lens, scale, cu_seqlens_q);
+  const DecodeDims d =
+      validate_gqa(q, k_cache, v_cache, block_table_arg, seq_lens, scale, cu_seqlens_q, k_scale, v_scale);
   const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, d.T);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "gqa_decode_partial");
+  // An FP8 cache's K scale folds into the softmax scale, its V scale into the output (docs/design.md §6).
+  const double q_mult = scale * scale_value(k_scale) * kLog2e;
   std::vector<float> q32(d.T * d.Hq * d.Dk);
-  stage_rows(q, scale * kLog2e, q32.data(), d.Dk, 0);
+  stage_rows(q, q_mult, q32.data(), d.Dk, 0);
   Tensor out = at::empty({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = at::empty({d.T, d.Hq}, q.options().dtype(at::kFloat));
   if (d.T == 0 || d.Hq == 0) return {out, lse};  // nothing to compute (docs/design.md §2: zero-size dims never crash)
   cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
-  p.q_mult = static_cast<float>(scale * kLog2e);
+  p.q_mult = static_cast<float>(q_mult);
   p.q_exact_bf16 = q.scalar_type() == at::kBFloat16;
+  p.out_mult = static_cast<float>(scale_value(v_scale));
   p.k = k_cache.data_ptr();
   p.k_sb = k_cache.stride(0);
   p.k_st = k_cache.stride(1);
@@ -102,7 +114,7 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor&
   p.v_sb = v_cache.stride(0);
   p.v_st = v_cache.stride(1);
   p.v_sh = v_cache.stride(2);
-  cpu::paged_decode(p, q.scalar_type());
+  cpu::paged_decode(p, k_cache.scalar_type());
   return {out, lse};
 }
 
@@ -110,28 +122,32 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
                                                   const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
                                                   const std::optional<Tensor>& w_uk,
                                                   const std::optional<Tensor>& w_uv, c10::string_view precision,
-                                                  const std::optional<Tensor>& cu_seqlens_q) {
+                                                  const std::optional<Tensor>& cu_seqlens_q,
+                                                  const std::optional<Tensor>& kv_scale) {
   parse_precision(precision, "mla_decode_partial");  // exact under both: it passes the native bound too
-  const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table_arg, seq_lens, scale, w_uk, w_uv, cu_seqlens_q);
+  const DecodeDims d =
+      validate_mla(q_nope, q_pe, kv_cache, block_table_arg, seq_lens, scale, w_uk, w_uv, cu_seqlens_q, kv_scale);
   const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, d.T);
   cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "mla_decode_partial");
-  // Query rows [latent | rope] in fp32, times scale * log2(e); the latent part absorbed through w_uk if given (in
+  // Query rows [latent | rope] in fp32, times scale * log2(e) (and an FP8 cache's scale, which also multiplies the
+  // output: docs/design.md §6); the latent part absorbed through w_uk if given (in
   // place, fp32 accumulation; staged here rather than by ATen ops, which after a decode step's cache traffic took
   // 20-60 us each).
   const int64_t latent = d.Dk - q_pe.size(2);
+  const double q_mult = scale * scale_value(kv_scale) * kLog2e;
   std::vector<float> q32(d.T * d.Hq * d.Dk);  // zeros
   if (w_uk.has_value()) {
     const int64_t nope = q_nope.size(2);
     std::vector<float> qn32(d.T * d.Hq * nope);
     stage_rows(q_nope, 1.0, qn32.data(), nope, 0);
     per_head_matmul(qn32.data(), d.Hq * nope, nope, d.T, *w_uk, q32.data(), d.Hq * d.Dk, d.Dk);
-    const float m = static_cast<float>(scale * kLog2e);
+    const float m = static_cast<float>(q_mult);
     for (int64_t r = 0; r < d.T * d.Hq; ++r)
       for (int64_t i = 0; i < latent; ++i) q32[r * d.Dk + i] *= m;
   } else {
-    stage_rows(q_nope, scale * kLog2e, q32.data(), d.Dk, 0);
+    stage_rows(q_nope, q_mult, q32.data(), d.Dk, 0);
   }
-  stage_rows(q_pe, scale * kLog2e, q32.data(), d.Dk, latent);
+  stage_rows(q_pe, q_mult, q32.data(), d.Dk, latent);
   const int64_t dv_out = w_uv.has_value() ? w_uv->size(2) : d.Dv;
   Tensor out = at::empty({d.T, d.Hq, dv_out}, q_nope.options());
   Tensor lse = at::empty({d.T, d.Hq}, q_nope.options().dtype(at::kFloat));
@@ -145,13 +161,14 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
     p.out = lat.get();
     p.out_dtype = at::kFloat;
   }
-  p.q_mult = static_cast<float>(scale * kLog2e);
+  p.q_mult = static_cast<float>(q_mult);
+  p.out_mult = static_cast<float>(scale_value(kv_scale));
   p.q_exact_bf16 = !w_uk.has_value() && q_nope.scalar_type() == at::kBFloat16 && q_pe.scalar_type() == at::kBFloat16;
   p.k = p.v = kv_cache.data_ptr();
   p.k_sb = p.v_sb = kv_cache.stride(0);
   p.k_st = p.v_st = kv_cache.stride(1);
   p.k_sh = p.v_sh = 0;
-  cpu::paged_decode(p, q_nope.scalar_type());
+  cpu::paged_decode(p, kv_cache.scalar_type());
   if (w_uv.has_value()) {  // value up-projection, fp32 accumulation, rounded once to q's type
     std::vector<float> y(d.T * d.Hq * dv_out);  // zeros
     per_head_matmul(lat.get(), d.Hq * d.Dv, d.Dv, d.T, *w_uv, y.data(), d.Hq * dv_out, dv_out);

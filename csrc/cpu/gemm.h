@@ -1,5 +1,5 @@
-// Register-blocked GEMM micro-kernels for the CPU kernels, fp32 accumulation; cache rows (fp32, bf16 or fp16) are
-// converted to fp32 in registers and read in place.
+// Register-blocked GEMM micro-kernels for the CPU kernels, fp32 accumulation; cache rows (fp32, bf16, fp16 or e4m3)
+// are converted to fp32 in registers and read in place.
 //   gemm_acc: C += A * B, with A and B views (strided, or row pointers into a paged cache) and C row-major.
 //   gemm_nt:  C = A * B^T for a few B rows packed by pack_nt: each A row is read once, as contiguous chunks.
 #pragma once
@@ -41,6 +41,19 @@ template <typename T>
 inline fVec load_f32(const T* p, int64_t n = kVL) {
   if constexpr (std::is_same_v<T, float>) {
     return fVec::loadu(p, n);
+  } else if constexpr (std::is_same_v<T, c10::Float8_e4m3fn>) {  // one byte an element (convert.h's e4m3_to_f32)
+#if defined(CPU_CAPABILITY_AVX512)
+    const __m128i raw = n == kVL ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
+                                 : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1), p);
+    return e4m3_to_f32(_mm512_maskz_cvtepu8_epi32(kAll16, raw));
+#else
+#if defined(CPU_CAPABILITY_AVX2)
+    if (n == kVL) return e4m3_to_f32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#endif
+    __at_align__ float tmp[kVL] = {};
+    for (int64_t i = 0; i < n; ++i) tmp[i] = to_f32(p[i]);
+    return fVec::loadu(tmp);
+#endif
   } else {
 #if defined(CPU_CAPABILITY_AVX512)
     // A masked load for a partial vector: lanes past n are neither read nor faulted on.

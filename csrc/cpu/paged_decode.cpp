@@ -520,7 +520,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
             float* oh = o + kvh * G * p.Dv;
             const Strided<float> pt{st.data(), 1, G};  // P = st^T, read in place
 #if defined(DCP_OPS_AMX)
-            if constexpr (!std::is_same_v<scalar_t, c10::Half>) {  // bf16 and fp32 caches
+            if constexpr (std::is_same_v<scalar_t, c10::BFloat16> || std::is_same_v<scalar_t, float>) {  // AMX's types
               if (use_amx) {
                 auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
                 auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
@@ -669,7 +669,7 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       for (int64_t sp = 0; sp < nsplit; ++sp) {
         if (w[sp] == 0.f) continue;
         const float* src = part_o.get() + idx(sp) * p.Dv;
-        const float ws = w[sp] * inv;
+        const float ws = w[sp] * inv * p.out_mult;
         for (int64_t d = 0; d < p.Dv; ++d) dst[d] += ws * src[d];
       }
       store_row(p.out, p.out_dtype, th * p.Dv, dst, p.Dv);
@@ -712,6 +712,7 @@ void paged_decode(const PagedDecodeParams& p, at::ScalarType cache_dtype) {
     case at::kFloat: paged_decode_impl<float>(p); break;
     case at::kBFloat16: paged_decode_impl<c10::BFloat16>(p); break;
     case at::kHalf: paged_decode_impl<c10::Half>(p); break;
+    case at::kFloat8_e4m3fn: paged_decode_impl<c10::Float8_e4m3fn>(p); break;
     default: TORCH_CHECK(false, "paged_decode: unsupported cache dtype ", cache_dtype);
   }
 }

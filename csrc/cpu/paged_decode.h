@@ -22,7 +22,8 @@ struct PagedDecodeParams {
   int64_t bt_stride;
   int64_t block_size;
   const int32_t* seq_lens;
-  void* out;  // [T, Hq, Dv] contiguous, of out_dtype (fp32, or the cache's type), normalised
+  void* out;  // [T, Hq, Dv] contiguous, of out_dtype (fp32, or the query's type), normalised, times out_mult
+  float out_mult;  // 1, or an FP8 cache's V scale
   at::ScalarType out_dtype;
   float* lse;  // [T, Hq] fp32, natural log; -inf for an empty sequence
 };
@@ -31,6 +32,8 @@ struct PagedDecodeParams {
 void check_paged_indices(const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t num_blocks,
                          int64_t block_size, const char* op);
 
+// cache_dtype: the query's type (fp32, bf16, fp16), or float8_e4m3fn, whose rows are converted to fp32 in registers
+// (exact) and computed as an fp32 cache's; its scales are folded into q_mult and out_mult by the caller.
 void paged_decode(const PagedDecodeParams& p, at::ScalarType cache_dtype);
 
 // out[offset .. offset + n) = src, converted to dtype (fp32, bf16 or fp16; rounded to nearest even, as Tensor::to).

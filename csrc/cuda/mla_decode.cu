@@ -5,7 +5,8 @@
 //     shared memory holds its tiles (sm_80, sm_90, sm_100); elsewhere (sm_86, sm_89) the "fp32" kernel, whose results
 //     are within the native bound too;
 //   - precision "fp32": mla_decode_mma.cuh on the fp32 scaled query;
-// else the SIMT kernel of mla_decode.cuh. The splits come from the split plan, made on the device from seq_lens
+// else (and for FP8 caches, whose scale is read on the device: applied to the query in the kernel and to the merged
+// output) the SIMT kernel of mla_decode.cuh. The splits come from the split plan, made on the device from seq_lens
 // (split_plan.cuh): no host synchronisation.
 #include "cuda/launch.h"
 #include "kernels/head_project.cuh"
@@ -36,9 +37,11 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                                                    const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                    const std::optional<Tensor>& w_uk,
                                                    const std::optional<Tensor>& w_uv, c10::string_view precision,
-                                                   const std::optional<Tensor>& cu_seqlens_q) {
+                                                   const std::optional<Tensor>& cu_seqlens_q,
+                                                   const std::optional<Tensor>& kv_scale) {
   const bool native = parse_precision(precision, "mla_decode_partial") == Precision::kNative;
-  const DecodeDims d = validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv, cu_seqlens_q);
+  const DecodeDims d =
+      validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv, cu_seqlens_q, kv_scale);
   DCP_CUDA_GUARD(q_nope);
   const int64_t latent = d.Dv, rope = q_pe.size(2), es = q_nope.element_size();
   TORCH_CHECK(kernels::mla_supported_dims(static_cast<int>(latent), static_cast<int>(rope)),
@@ -52,11 +55,13 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
   Tensor out = new_output({d.T, d.Hq, d_out}, q_nope.options());
   Tensor lse = new_output({d.T, d.Hq}, f32);
   if (d.T == 0 || d.Hq == 0) return {out, lse};
-  const int bn = native && has_mma_sync() ? kernels::mla_tiled_tokens(static_cast<int>(latent), static_cast<int>(rope),
-                                                                       static_cast<int>(es), kernels::smem_optin_bytes())
-                                          : 0;
+  const bool tiled = native && has_mma_sync() && !d.fp8;
+  const int bn = tiled ? kernels::mla_tiled_tokens(static_cast<int>(latent), static_cast<int>(rope),
+                                                   static_cast<int>(es), kernels::smem_optin_bytes())
+                       : 0;
   // query rows (query token, head) per block: 64 tiled, 16 on mma.sync, 4 SIMT
-  const bool mma = kernels::mla_on_tensor_cores(static_cast<int>(es), static_cast<int>(latent), has_mma_sync());
+  const bool mma =
+      kernels::mla_on_tensor_cores(static_cast<int>(kv_cache.element_size()), static_cast<int>(latent), has_mma_sync());
   const int R = bn > 0 ? kernels::kMlaRows : mma ? 16 : kernels::kMlaHeads;
   const int64_t B = cu_seqlens_q.has_value() ? block_table.size(0) : d.T;
   const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, B, d.max_blocks * d.block_size, bn > 0 ? bn : 64,
@@ -73,7 +78,7 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                              static_cast<int>(d.T), static_cast<int>(d.Hq), static_cast<int>(d.num_blocks),
                              static_cast<int>(d.block_size), static_cast<int>(d.max_blocks),
                              plan.work.data_ptr<int32_t>(), plan.items, part_o.data_ptr<float>(),
-                             part_lse.data_ptr<float>()};
+                             part_lse.data_ptr<float>(), d.fp8 ? kv_scale->data_ptr<float>() : nullptr};
   // the splits' LSE are ours (empty splits are -inf): propagate, so that a NaN one poisons its row
   const kernels::MergeParams m{part_o.data_ptr(), R * latent, 0, latent,
                                {part_lse.data_ptr<float>(), R, 0, 1},
@@ -81,7 +86,8 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                                plan.items, static_cast<int>(d.T), static_cast<int>(d.Hq),
                                static_cast<int>(latent), 1.f, /*propagate=*/true,
                                {plan.tok.data_ptr<int32_t>(), plan.unit.data_ptr<int32_t>(),
-                                static_cast<int>(d.Hq), R}};
+                                static_cast<int>(d.Hq), R},
+                               d.fp8 ? kv_scale->data_ptr<float>() : nullptr};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q_nope.scalar_type(), "mla_decode_partial", [&] {
     cudaError_t e = cudaSuccess;
     if (bn > 0) {  // the absorbed query rounded once to the cache's type, unscaled (the kernel scales the scores)
@@ -98,8 +104,10 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
       if (e == cudaSuccess && rope > 0)
         e = project<scalar_t, scalar_t, float>(q_pe, std::nullopt, qp + latent, d.Hq * DK, DK, rope, scale_log2);
       if (e == cudaSuccess)
-        e = kernels::mla_split_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope), current_stream(),
-                                              has_mma_sync());
+        e = d.fp8 ? kernels::mla_split<kernels::fp8_e4m3>(p, static_cast<int>(latent), static_cast<int>(rope),
+                                                           current_stream())
+                  : kernels::mla_split_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope),
+                                                      current_stream(), has_mma_sync());
     }
     if (!w_uv.has_value()) return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
     if (e == cudaSuccess) e = kernels::merge<float, float>(m, current_stream());

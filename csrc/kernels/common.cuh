@@ -23,6 +23,19 @@ template <typename T> __device__ __forceinline__ float to_f32(T x);
 template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+// A float8_e4m3fn cache element (the bits torch stores), read exactly: a normal magnitude's exponent and mantissa move
+// into fp32's fields with the bias 7 -> 127; a subnormal one (exponent 0) is its mantissa x 2^-9; magnitude 0x7F is
+// NaN (e4m3fn has no infinities). Plain integer and float arithmetic, so the SIMT executor runs exactly this.
+struct fp8_e4m3 {
+  unsigned char bits;
+};
+template <> __device__ __forceinline__ float to_f32<fp8_e4m3>(fp8_e4m3 x) {
+  const unsigned mag = x.bits & 0x7Fu;
+  const float v = mag == 0x7Fu ? NAN
+                  : mag < 8u   ? static_cast<float>(mag) * 0.001953125f
+                               : __uint_as_float((mag << 20) + (120u << 23));
+  return x.bits & 0x80u ? -v : v;
+}
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16(x); }

@@ -28,12 +28,14 @@ struct GqaParams {
   float scale_log2;  // softmax scale * log2(e)
   float* part_o;     // [items, R, D] fp32, normalised
   float* part_lse;   // [items, R] natural log
+  const float* k_scale = nullptr;  // an FP8 cache's K scale (1 element, on the device), folded into scale_log2
 };
 
 constexpr int kGqaWarps = 4;
 
-// LANES lanes cover one token's row, each NC packs of VEC elements; 32 / LANES tokens per warp step.
-template <typename T, int VEC, int LANES, int NC, int GT>
+// LANES lanes cover one token's row, each NC packs of VEC elements; 32 / LANES tokens per warp step. T: the query's
+// type; C: the cache's (T, or fp8_e4m3).
+template <typename T, typename C, int VEC, int LANES, int NC, int GT>
 __global__ void gqa_split_kernel(GqaParams p) {
   constexpr int SUBS = 32 / LANES, SLOTS = kGqaWarps * SUBS, W = VEC * NC;
   const int G = p.Hq / p.Hkv, item = blockIdx.x;
@@ -43,10 +45,10 @@ __global__ void gqa_split_kernel(GqaParams p) {
   DCP_DYNAMIC_SMEM(float, smem);
   float* qs = smem;                             // [GT][D] scaled query
   const SlotState st(qs + GT * D, SLOTS, GT);   // token streams' softmax states
+  const float q_mult = p.k_scale != nullptr ? p.scale_log2 * *p.k_scale : p.scale_log2;
   for (int i = threadIdx.x; i < GT * D; i += blockDim.x) {
     const int g = i / D, d = i % D;
-    qs[i] = g < ng ? to_f32(static_cast<const T*>(p.q)[wi.token(g, G) * p.q_st + wi.head(g, G) * p.q_sh + d]) *
-                         p.scale_log2
+    qs[i] = g < ng ? to_f32(static_cast<const T*>(p.q)[wi.token(g, G) * p.q_st + wi.head(g, G) * p.q_sh + d]) * q_mult
                    : 0.f;
   }
   __syncthreads();
@@ -63,8 +65,8 @@ __global__ void gqa_split_kernel(GqaParams p) {
 #pragma unroll
     for (int w = 0; w < W; ++w) acc[g][w] = 0.f;
   }
-  const T* kbase = static_cast<const T*>(p.k) + kvh * p.k_sh;
-  const T* vbase = static_cast<const T*>(p.v) + kvh * p.v_sh;
+  const C* kbase = static_cast<const C*>(p.k) + kvh * p.k_sh;
+  const C* vbase = static_cast<const C*>(p.v) + kvh * p.v_sh;
   for (int base = j0 + warp * SUBS; base < j1; base += kGqaWarps * SUBS) {  // warp-uniform trip count
     const int j = base + sub;
     const int64_t block = j < j1 ? p.block_table[seq * p.bt_st + j / p.block_size] : -1;
@@ -73,11 +75,11 @@ __global__ void gqa_split_kernel(GqaParams p) {
     float kf[W], vf[W];
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
-      Pack<T, VEC> kp, vp;
+      Pack<C, VEC> kp, vp;
       if (valid) {
         const int64_t col = (c * LANES + sl) * VEC;
-        kp = *reinterpret_cast<const Pack<T, VEC>*>(kbase + block * p.k_sb + off * p.k_st + col);
-        vp = *reinterpret_cast<const Pack<T, VEC>*>(vbase + block * p.v_sb + off * p.v_st + col);
+        kp = *reinterpret_cast<const Pack<C, VEC>*>(kbase + block * p.k_sb + off * p.k_st + col);
+        vp = *reinterpret_cast<const Pack<C, VEC>*>(vbase + block * p.v_sb + off * p.v_st + col);
       }
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
@@ -102,38 +104,40 @@ __global__ void gqa_split_kernel(GqaParams p) {
 
 inline int gqa_smem_bytes(int GT, int D, int slots) { return GT * D * 4 + slot_smem_bytes(slots, GT, D); }
 
-template <typename T, int VEC, int LANES, int NC, int GT>
+template <typename T, typename C, int VEC, int LANES, int NC, int GT>
 cudaError_t gqa_launch(const GqaParams& p, cudaStream_t stream) {
   const dim3 grid(p.items);
   const int smem = gqa_smem_bytes(GT, p.D, kGqaWarps * (32 / LANES));
-  auto kernel = gqa_split_kernel<T, VEC, LANES, NC, GT>;
+  auto kernel = gqa_split_kernel<T, C, VEC, LANES, NC, GT>;
   DCP_LAUNCH(kernel, grid, dim3(32 * kGqaWarps), smem, stream, p);
   return cudaGetLastError();
 }
 
 // Rows per block GT = p.R, which gqa_rows (gqa_decode_mma.cuh) chooses.
-template <typename T, int VEC, int LANES, int NC>
+template <typename T, typename C, int VEC, int LANES, int NC>
 cudaError_t gqa_by_group(const GqaParams& p, cudaStream_t stream) {
-  if (p.R == 1) return gqa_launch<T, VEC, LANES, NC, 1>(p, stream);
-  if (p.R == 2) return gqa_launch<T, VEC, LANES, NC, 2>(p, stream);
-  if (p.R == 4) return gqa_launch<T, VEC, LANES, NC, 4>(p, stream);
-  return gqa_launch<T, VEC, LANES, NC, 8>(p, stream);
+  if (p.R == 1) return gqa_launch<T, C, VEC, LANES, NC, 1>(p, stream);
+  if (p.R == 2) return gqa_launch<T, C, VEC, LANES, NC, 2>(p, stream);
+  if (p.R == 4) return gqa_launch<T, C, VEC, LANES, NC, 4>(p, stream);
+  return gqa_launch<T, C, VEC, LANES, NC, 8>(p, stream);
 }
 
 // Head dims 64, 128 and 256, for every dtype.
 inline bool gqa_supported_head_dim(int D, int /*elem_size*/) { return D == 64 || D == 128 || D == 256; }
 
-template <typename T>
+// T: the query's type; C: the cache's, T or fp8_e4m3 (whose rows are read in 8-byte packs, as many lanes to a row as
+// a 16-bit cache's).
+template <typename T, typename C = T>
 cudaError_t gqa_split(const GqaParams& p, cudaStream_t stream) {
-  constexpr int V = 16 / sizeof(T);  // elements per 16-byte load
+  constexpr int V = sizeof(C) == 1 ? 8 : 16 / sizeof(C);  // elements per load
   if constexpr (V == 4) {            // fp32: 16, 32 or 64 packs per row
-    if (p.D == 64) return gqa_by_group<T, V, 16, 1>(p, stream);
-    if (p.D == 128) return gqa_by_group<T, V, 32, 1>(p, stream);
-    return gqa_by_group<T, V, 32, 2>(p, stream);
-  } else {                           // bf16 / fp16: 8, 16 or 32 packs per row
-    if (p.D == 64) return gqa_by_group<T, V, 8, 1>(p, stream);
-    if (p.D == 128) return gqa_by_group<T, V, 16, 1>(p, stream);
-    return gqa_by_group<T, V, 32, 1>(p, stream);
+    if (p.D == 64) return gqa_by_group<T, C, V, 16, 1>(p, stream);
+    if (p.D == 128) return gqa_by_group<T, C, V, 32, 1>(p, stream);
+    return gqa_by_group<T, C, V, 32, 2>(p, stream);
+  } else {                           // bf16 / fp16 / fp8: 8, 16 or 32 packs per row
+    if (p.D == 64) return gqa_by_group<T, C, V, 8, 1>(p, stream);
+    if (p.D == 128) return gqa_by_group<T, C, V, 16, 1>(p, stream);
+    return gqa_by_group<T, C, V, 32, 1>(p, stream);
   }
 }
 

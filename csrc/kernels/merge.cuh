@@ -95,6 +95,7 @@ struct MergeArgs {
   float ln_base;
   bool propagate;            // nonfinite_lse="propagate" (see the top of this file)
   PlanRows plan = {};        // a split plan's partials, or none (plan.tok null)
+  const float* out_scale = nullptr;  // an FP8 cache's V scale (1 element, on the device): the output times it, in fp32
 };
 using MergeParams = MergeArgs<StridedLse>;
 
@@ -114,6 +115,7 @@ __global__ void merge_kernel(MergeArgs<Lse> p) {
   lse_stats(p.lses, r0, N, pt, ph, p.ln_base, p.propagate, mx, sum);
   if (threadIdx.x == 0) p.lse[t * p.lse_st + h * p.lse_sh] = merged_lse(mx, sum);
   const float inv = isfinite(mx) ? 1.f / sum : 0.f;
+  const float vs = p.out_scale != nullptr ? *p.out_scale : 1.f;
   const TIn* src = static_cast<const TIn*>(p.outs) + pt * p.so_t + ph * p.so_h;
   TOut* dst = static_cast<TOut*>(p.out) + t * p.out_st + h * p.out_sh;
   for (int d = threadIdx.x * VEC; d < p.D; d += blockDim.x * VEC) {
@@ -129,7 +131,7 @@ __global__ void merge_kernel(MergeArgs<Lse> p) {
     }
     Pack<TOut, VEC> y;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) y.v[i] = from_f32<TOut>(acc[i]);
+    for (int i = 0; i < VEC; ++i) y.v[i] = from_f32<TOut>(acc[i] * vs);
     *reinterpret_cast<Pack<TOut, VEC>*>(dst + d) = y;
   }
 }

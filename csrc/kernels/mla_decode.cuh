@@ -27,11 +27,13 @@ struct MlaParams {
   int items;
   float* part_o;    // [items, R, DL] fp32, normalised; R the kernel's rows per block
   float* part_lse;  // [items, R] natural log
+  const float* k_scale = nullptr;  // an FP8 cache's scale (1 element, on the device): the SIMT kernel's q times it
 };
 
 constexpr int kMlaWarps = 4, kMlaHeads = 4;  // token streams per block, query heads per block
 
-// Lane l holds latent elements (c * 32 + l) * VEC + e of every row and rope elements DL + l * RP + e.
+// Lane l holds latent elements (c * 32 + l) * VEC + e of every row and rope elements DL + l * RP + e. T: the cache's
+// type (fp32, bf16, fp16 or fp8_e4m3); the query is fp32.
 template <typename T, int DL, int DR>
 __global__ void mla_split_kernel(MlaParams p) {
   constexpr int VEC = (16 / sizeof(T)) < (DL / 32) ? (16 / sizeof(T)) : (DL / 32), NC = DL / (32 * VEC);
@@ -46,6 +48,7 @@ __global__ void mla_split_kernel(MlaParams p) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float qr[GT][LP + RP], acc[GT][LP], m[GT], l[GT];
   int len[GT];  // each row's own length: the query tokens of a sequence share the tile (multi-token decode)
+  const float ks = p.k_scale != nullptr ? *p.k_scale : 1.f;
 #pragma unroll
   for (int g = 0; g < GT; ++g) {
     const int gr = min(g, ng - 1);  // padding rows: a copy of the last row, never stored
@@ -58,6 +61,8 @@ __global__ void mla_split_kernel(MlaParams p) {
     for (int w = 0; w < LP; ++w) acc[g][w] = 0.f;
 #pragma unroll
     for (int e = 0; e < RP; ++e) qr[g][LP + e] = qh[DL + lane * RP + e];
+#pragma unroll
+    for (int w = 0; w < LP + RP; ++w) qr[g][w] *= ks;
   }
   const T* kv = static_cast<const T*>(p.kv);
   for (int j = j0 + warp; j < j1; j += kMlaWarps) {  // one token per warp and step: warp-uniform branches

@@ -291,6 +291,12 @@ inline __nv_bfloat16 __float2bfloat16(float f) {
 inline float __half2float(__half x) { return _cvtsh_ss(x.bits); }
 inline __half __float2half(float f) { return {static_cast<uint16_t>(_cvtss_sh(f, 0))}; }  // 0: nearest even
 
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 // cuda_fp8.h's float -> e4m3 conversion with __NV_SATFINITE (the only mode the kernels use): round to nearest even,
 // magnitudes from 448 up (inf included) saturate to 448, NaN becomes 0x7F.
 using __nv_fp8_storage_t = unsigned char;
