@@ -243,3 +243,49 @@ def test_every_e4m3_value_is_read_exactly_cuda_source(simt_ops):
     expected = v.float().reshape(1, 1, 256)
     assert torch.equal(torch.isnan(out), torch.isnan(expected))
     assert torch.equal(out.nan_to_num(), expected.nan_to_num())
+
+
+# The tiled tensor-core kernel on fp8 caches (native, 16-bit queries, latent 256 / 512): e4m3 tiles copied raw and
+# converted in shared memory. optin: the shared memory the executor reports (an A100's takes the 32-token tile).
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,latent,rope,block_size,absorb,optin", [
+    (16, 512, 64, 64, True, None), (20, 256, 0, 5, False, None), (16, 512, 64, 16, False, 163840),
+    (5, 256, 64, 1, True, 163840)])
+def test_mla_fp8_cache_tiled_cuda_source(simt_ops, monkeypatch, dtype, heads, latent, rope, block_size, absorb,
+                                         optin):
+    if optin is not None:
+        monkeypatch.setenv("DCP_SIMT_SMEM_OPTIN", str(optin))
+    gen = torch.Generator().manual_seed(heads + latent + block_size)
+    args, scales = mla_case([300, 0, 17, 70], block_size, heads, latent, rope, dtype, gen, absorb, absorb)
+    out, lse = simt_ops.mla_decode_partial(*args, precision="native", **scales)
+    assert_decode(out, lse, ref.mla_decode_partial, args, dtype, "native", f"simt tiled mla fp8 {dtype}", **scales)
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == float("-inf")).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mla_fp8_native_runs_on_the_tiled_kernel(simt_ops, dtype):
+    """At a sharp softmax (query x 3) one 16-bit query term moves the LSE by more than 1e-4, which the SIMT kernel's
+    fp32 query does not: native's LSE is the tiled kernel's, fp32's the SIMT kernel's."""
+    gen = torch.Generator().manual_seed(4)
+    args, scales = mla_case([300, 129], 64, 16, 512, 64, dtype, gen, absorb=True)
+    args = ((args[0].float() * 3).to(dtype), (args[1].float() * 3).to(dtype), *args[2:])
+    exact = ref.mla_decode_partial(*args, **scales)
+    err = lambda a, b: (a.double() - b).abs().max().item()  # noqa: E731
+    _, lse_native = simt_ops.mla_decode_partial(*args, precision="native", **scales)
+    _, lse_fp32 = simt_ops.mla_decode_partial(*args, precision="fp32", **scales)
+    assert err(lse_fp32, exact[1]) <= 1e-5
+    assert err(lse_native, exact[1]) >= 1e-4
+
+
+def test_mla_fp8_multi_token_tiled_cuda_source(simt_ops):
+    """MTP on an fp8 cache: 16 heads x 4 query tokens, the 64 rows of one tiled block, each masked causally."""
+    gen = torch.Generator().manual_seed(8)
+    args, scales = mla_case([90, 40], 16, 16, 512, 64, torch.bfloat16, gen)
+    q_nope = randn(8, 16, 512, dtype=torch.bfloat16, gen=gen)
+    q_pe = randn(8, 16, 64, dtype=torch.bfloat16, gen=gen)
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32)
+    lens = torch.tensor([87, 88, 89, 90, 37, 38, 39, 40], dtype=torch.int32)
+    margs = (q_nope, q_pe, args[2], args[3], lens, args[5])
+    out, lse = simt_ops.mla_decode_partial(*margs, cu_seqlens_q=cu, **scales)
+    assert_decode(out, lse, ref.mla_decode_partial, margs, torch.bfloat16, "native", "simt tiled mla fp8 MTP",
+                  cu_seqlens_q=cu, **scales)

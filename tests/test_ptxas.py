@@ -29,14 +29,20 @@ template <typename T> void all(cudaStream_t s) {
   pack_exchange<T>(PackParams{}, s);
   gqa_split<T>(GqaParams{}, s);             // the SIMT kernels (any device)
   for (bool native : {true, false})
-    gqa_split_pass<T>(GqaParams{}, s, true, native);  // and the tensor-core ones (16-bit T, sm_80+), P in 1 or 2 terms
+    for (bool fp8 : {false, true})  // and the tensor-core ones (16-bit T, sm_80+), P in 1 or 2 terms; fp8 caches
+      gqa_split_pass<T>(GqaParams{}, s, true, native, fp8);
+  gqa_split_pass<T>(GqaParams{}, s, false, true, true);  // the SIMT kernels on fp8 caches
   for (int latent : {128, 256, 512})
     for (int rope : {0, 64}) {
       mla_split<T>(MlaParams{}, latent, rope, s);
+      mla_split<fp8_e4m3>(MlaParams{}, latent, rope, s);
       mla_split_pass<T>(MlaParams{}, latent, rope, s, true);  // "fp32" on tensor cores
       if constexpr (sizeof(T) == 2)
         if (latent != 128)
-          for (int bn : {64, 32}) mla_tiled_pass<T>(MlaParams{}, latent, rope, bn, s);  // "native"
+          for (int bn : {64, 32}) {
+            mla_tiled_pass<T>(MlaParams{}, latent, rope, bn, s);  // "native"
+            mla_tiled_pass<T, true>(MlaParams{}, latent, rope, bn, s);  // ... on an fp8 cache
+          }
     }
   head_project<T, T, float>(ProjectParams{}, s);
   head_project<float, T, T>(ProjectParams{}, s);
@@ -111,10 +117,12 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
     for fn in functions[1:]:
         name = fn.split("\n", 1)[0]
         # the 16-byte-pack instantiations: VEC = 4 (fp32) or 8 (16-bit) for merge, every GQA variant, MLA with a
-        # latent of 256 or 512 (128 gives 16-bit types 8-byte packs)
-        wide = ("gqa_split_kernel" in name) or ("gqa_mma_kernel" in name) or (
+        # latent of 256 or 512 (128 gives 16-bit types 8-byte packs); the kernels on fp8 caches read 8-byte packs
+        # (GQA's; MLA's SIMT one at latent 256), the tiled MLA kernel 16-byte ones by cp.async (checked below)
+        fp8 = "fp8_e4m3" in name or "Lb1E" in name
+        wide = ("gqa_split_kernel" in name and not fp8) or ("gqa_mma_kernel" in name and not fp8) or (
             "merge_kernel" in name and re.search(r"Li(4|8)E", name) is not None) or (
-            "mla_split_kernel" in name and re.search(r"Li(256|512)E", name) is not None)
+            "mla_split_kernel" in name and not fp8 and re.search(r"Li(256|512)E", name) is not None)
         if not wide:
             continue
         checked += 1
@@ -123,6 +131,12 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
         if "gqa_mma_kernel" in name:
             mma += 1
             assert re.search(r"HMMA\.16816\.F32", fn), f"{arch}: no tensor-core mma in {name}"
+    for fn in functions[1:]:  # GQA on tensor cores on fp8 caches: 8-byte loads (8 e4m3 elements a chunk)
+        name = fn.split("\n", 1)[0]
+        if "gqa_mma_kernel" in name and "Lb1E" in name:
+            mma += 1
+            assert re.search(r"HMMA\.16816\.F32", fn) and re.search(r"LDG\.E\.64", fn), \
+                f"{arch}: no tensor-core mma or 8-byte load in {name}"
     tiled = 0
     for fn in functions[1:]:  # MLA on tensor cores: rows reach shared memory by 16-byte cp.async
         name = fn.split("\n", 1)[0]
@@ -135,9 +149,11 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
             assert re.search(r"LDSM\.16\.M88\.4", fn) and re.search(r"LDSM\.16\.MT88\.4", fn), \
                 f"{arch}: no ldmatrix / ldmatrix.trans in {name}"
     assert checked >= 30, f"{arch}: only {checked} wide kernels found in the SASS"
-    assert tiled == 16, f"{arch}: {tiled} tiled MLA kernels, expected 2 types x 2 latents x 2 ropes x 2 token tiles"
-    assert mma == 40, f"{arch}: {mma} tensor-core kernels found in the SASS, expected 40 (2 types x 2 dims x 2 tiles " \
-        "x 2 precisions for GQA; 2 types x 2 latents x 2 ropes for MLA fp32, and those x 2 token tiles tiled)"
+    assert tiled == 32, f"{arch}: {tiled} tiled MLA kernels, expected 2 types x 2 latents x 2 ropes x 2 token tiles " \
+        "x 2 caches (16-bit, fp8)"
+    assert mma == 72, f"{arch}: {mma} tensor-core kernels found in the SASS, expected 72 (2 types x 2 dims x 2 tiles " \
+        "x 2 precisions x 2 caches for GQA; 2 types x 2 latents x 2 ropes for MLA fp32, and those x 2 token tiles x 2 " \
+        "caches tiled)"
 
 
 def test_sass_budget_of_the_native_mla_kernel(compiled):
@@ -149,7 +165,7 @@ def test_sass_budget_of_the_native_mla_kernel(compiled):
     sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
     import sass_budget
     records = [r for r in sass_budget.budget(cubin, arch)
-               if r["op"] == "mla" and r["precision"] == "native" and r["dtype"] == "bf16" and r["dims"] == "512+64"]
+               if r["op"] == "mla" and r["precision"] == "native" and r["cache"] == "bf16" and r["dims"] == "512+64"]
     assert records, "no native bf16 512 + 64 MLA kernel in the SASS"
     best = max(records, key=lambda r: r["token_heads"])  # the tile the launcher picks where shared memory allows
     assert best["token_heads"] >= 64 * 64, best
@@ -164,7 +180,7 @@ def _native_mla_budget(arch, tmp_path_factory):
     sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
     import sass_budget
     records = [r for r in sass_budget.budget(cubin, arch)
-               if r["op"] == "mla" and r["precision"] == "native" and r["dtype"] == "bf16" and r["dims"] == "512+64"]
+               if r["op"] == "mla" and r["precision"] == "native" and r["cache"] == "bf16" and r["dims"] == "512+64"]
     assert records, f"{arch}: no native bf16 512 + 64 MLA kernel in the SASS"
     return records
 

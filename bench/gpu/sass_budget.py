@@ -54,18 +54,18 @@ def geometry(name: str) -> Optional[dict]:
     args = [int(x) for x in re.findall(r"Li(\d+)E", name)]
     if dtype is None:
         return None
-    if "mla_tiled_kernel" in name:  # <T, DL, DR, BN>: 8 warps, 64 rows x BN tokens, one 16-bit query term, P once
+    if "mla_tiled_kernel" in name:  # <T, DL, DR, BN, F8>: 8 warps, 64 rows x BN tokens, one 16-bit query term, P once
         dl, dr, bn = args
-        return dict(op="mla", dtype=dtype, dims=f"{dl}+{dr}", precision="native", warps=8, token_heads=bn * 64,
-                    macs=2 * dl + dr)
+        return dict(op="mla", dtype=dtype, cache="e4m3" if "Lb1E" in name else dtype, dims=f"{dl}+{dr}",
+                    precision="native", warps=8, token_heads=bn * 64, macs=2 * dl + dr)
     if "mla_mma_kernel" in name:  # <T, DL, DR>: DL / 64 warps, 16 heads x 16 tokens, 3 query terms, P in 2
         dl, dr = args
-        return dict(op="mla", dtype=dtype, dims=f"{dl}+{dr}", precision="fp32", warps=dl // 64, token_heads=256,
-                    macs=2 * dl + dr)
-    if "gqa_mma_kernel" in name:  # <T, D, GT, PT>: 4 warps, each its own 16 tokens x GT heads
+        return dict(op="mla", dtype=dtype, cache=dtype, dims=f"{dl}+{dr}", precision="fp32", warps=dl // 64,
+                    token_heads=256, macs=2 * dl + dr)
+    if "gqa_mma_kernel" in name:  # <T, D, GT, PT, F8>: 4 warps, each its own 16 tokens x GT heads
         d, gt, pt = args
-        return dict(op="gqa", dtype=dtype, dims=f"{d}", precision="native" if pt == 1 else "fp32", warps=4,
-                    token_heads=4 * 16 * gt, macs=2 * d)
+        return dict(op="gqa", dtype=dtype, cache="e4m3" if "Lb1E" in name else dtype, dims=f"{d}",
+                    precision="native" if pt == 1 else "fp32", warps=4, token_heads=4 * 16 * gt, macs=2 * d)
     return None
 
 
@@ -137,7 +137,8 @@ def budget(lib: str, arch: str) -> List[dict]:
         regs, local = res.get(name, (-1, -1))
         per_iter = loop["hmma"] * geo["warps"]
         records.append(dict(
-            kernel=name, op=geo["op"], dtype=geo["dtype"], dims=geo["dims"], precision=geo["precision"], arch=arch,
+            kernel=name, op=geo["op"], dtype=geo["dtype"], cache=geo["cache"], dims=geo["dims"],
+            precision=geo["precision"], arch=arch,
             warps=geo["warps"], token_heads=geo["token_heads"], hmma_per_iteration=per_iter,
             loop_instructions=loop["instructions"], loop_hmma=loop["hmma"],
             other_per_hmma=round((loop["instructions"] - loop["hmma"]) / max(loop["hmma"], 1), 2),
@@ -146,7 +147,7 @@ def budget(lib: str, arch: str) -> List[dict]:
             warp_instructions_per_token_head=round(loop["instructions"] * geo["warps"] / geo["token_heads"], 3),
             hmma_per_token_head=round(per_iter / geo["token_heads"], 4),
             hmma_min_per_token_head=round(geo["macs"] / 2048, 4)))
-    records.sort(key=lambda r: (r["op"], r["precision"], r["dtype"], r["dims"], r["token_heads"]))
+    records.sort(key=lambda r: (r["op"], r["precision"], r["dtype"], r["cache"], r["dims"], r["token_heads"]))
     return records
 
 
@@ -161,12 +162,14 @@ def main(argv=None) -> int:
         print(f"sass_budget: no tensor-core split pass for {args.arch} in the library (built without CUDA?)")
         return 1
     print(f"tensor-core split passes, {args.arch}: hot loop per CTA iteration (all warps)")
-    head = (f"{'op':4} {'prec':6} {'dtype':5} {'dims':7} {'warps':>5} {'tok x hd':>8} {'instr':>6} {'HMMA':>5} "
+    head = (f"{'op':4} {'prec':6} {'dtype':5} {'cache':5} {'dims':7} {'warps':>5} {'tok x hd':>8} {'instr':>6} "
+            f"{'HMMA':>5} "
             f"{'oth/HMMA':>8} {'LDS':>4} {'BAR':>4} {'inner':>5} {'regs':>4} {'spill':>5} "
             f"{'instr/th':>8} {'HMMA/th':>8} {'min':>6}")
     print(head)
     for r in records:
-        print(f"{r['op']:4} {r['precision']:6} {r['dtype']:5} {r['dims']:7} {r['warps']:>5} {r['token_heads']:>8} "
+        print(f"{r['op']:4} {r['precision']:6} {r['dtype']:5} {r['cache']:5} {r['dims']:7} {r['warps']:>5} "
+              f"{r['token_heads']:>8} "
               f"{r['loop_instructions']:>6} {r['loop_hmma']:>5} {r['other_per_hmma']:>8} {r['shared_loads']:>4} "
               f"{r['barriers']:>4} {r['inner_loops']:>5} {r['registers']:>4} {r['spill_bytes']:>5} "
               f"{r['warp_instructions_per_token_head']:>8} {r['hmma_per_token_head']:>8} "

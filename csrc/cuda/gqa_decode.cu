@@ -1,7 +1,7 @@
 // CUDA launcher of gqa_decode_partial: the split plan (made on the device from seq_lens and cu_seqlens_q), the
-// split-KV pass (on tensor cores for 16-bit caches with head dims 64 and 128 on sm_80 and later, else the SIMT
-// kernel, which also reads FP8 caches), then the merge of the splits. An FP8 cache's scales are read on the device:
-// K's folded into the query's scale, V's into the merged output. No host synchronisation.
+// split-KV pass (on tensor cores for 16-bit queries with head dims 64 and 128 on sm_80 and later, on caches of the
+// query's type or FP8 ones; else the SIMT kernel), then the merge of the splits. An FP8 cache's scales are read on
+// the device: K's folded into the scores' scale, V's into the merged output. No host synchronisation.
 #include "cuda/launch.h"
 #include "kernels/gqa_decode_mma.cuh"
 #include "ops.h"
@@ -28,7 +28,7 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
   // Query rows per block R for a sequence's rows of one KV head: G heads x its query tokens (the batch's mean).
   const int64_t G = d.Hq / d.Hkv, B = std::max<int64_t>(block_table.size(0), 1);
   const int64_t rows = G * (cu_seqlens_q.has_value() ? (d.T + B - 1) / B : 1);
-  const int R = kernels::gqa_rows(rows, kernels::gqa_on_tensor_cores(static_cast<int>(k_cache.element_size()),
+  const int R = kernels::gqa_rows(rows, kernels::gqa_on_tensor_cores(static_cast<int>(q.element_size()),
                                                                      static_cast<int>(d.Dk), has_mma_sync()));
   const int64_t seqs = cu_seqlens_q.has_value() ? block_table.size(0) : d.T;
   const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, seqs, d.max_blocks * d.block_size, 64, G, d.Hkv, R,
@@ -55,8 +55,7 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
                                {plan.tok.data_ptr<int32_t>(), plan.unit.data_ptr<int32_t>(), static_cast<int>(G), R},
                                d.fp8 ? v_scale->data_ptr<float>() : nullptr};
   const cudaError_t err = DCP_DISPATCH_FLOAT(q.scalar_type(), "gqa_decode_partial", [&] {
-    cudaError_t e = d.fp8 ? kernels::gqa_split<scalar_t, kernels::fp8_e4m3>(p, current_stream())
-                          : kernels::gqa_split_pass<scalar_t>(p, current_stream(), has_mma_sync(), native);
+    cudaError_t e = kernels::gqa_split_pass<scalar_t>(p, current_stream(), has_mma_sync(), native, d.fp8);
     return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
   });
   DCP_CHECK_LAUNCH(err, "gqa_decode_partial");

@@ -1,13 +1,14 @@
 // CUDA launcher of mla_decode_partial: query staging (w_uk absorption, head_project), the split-KV pass, the merge of
-// the splits, and the optional w_uv up-projection (head_project). The split pass, for 16-bit caches with latent 256 or
-// 512 on sm_80 and later:
-//   - precision "native": mla_decode_tiled.cuh on the absorbed query rounded to the cache's type, where the device's
-//     shared memory holds its tiles (sm_80, sm_90, sm_100); elsewhere (sm_86, sm_89) the "fp32" kernel, whose results
-//     are within the native bound too;
-//   - precision "fp32": mla_decode_mma.cuh on the fp32 scaled query;
-// else (and for FP8 caches, whose scale is read on the device: applied to the query in the kernel and to the merged
-// output) the SIMT kernel of mla_decode.cuh. The splits come from the split plan, made on the device from seq_lens
-// (split_plan.cuh): no host synchronisation.
+// the splits, and the optional w_uv up-projection (head_project). The split pass, for 16-bit queries with latent 256
+// or 512 on sm_80 and later:
+//   - precision "native": mla_decode_tiled.cuh on the absorbed query rounded to its type, where the device's shared
+//     memory holds its tiles (sm_80, sm_90, sm_100), on a cache of the query's type or an FP8 one (converted to it in
+//     shared memory); elsewhere (sm_86, sm_89) the "fp32" kernel (16-bit caches), whose results are within the native
+//     bound too;
+//   - precision "fp32": mla_decode_mma.cuh on the fp32 scaled query (16-bit caches);
+// else the SIMT kernel of mla_decode.cuh. An FP8 cache's scale is read on the device: applied to the scores (the
+// SIMT kernel: to its query) and to the merged output. The splits come from the split plan, made on the device from
+// seq_lens (split_plan.cuh): no host synchronisation.
 #include "cuda/launch.h"
 #include "kernels/head_project.cuh"
 #include "kernels/merge.cuh"
@@ -55,7 +56,7 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
   Tensor out = new_output({d.T, d.Hq, d_out}, q_nope.options());
   Tensor lse = new_output({d.T, d.Hq}, f32);
   if (d.T == 0 || d.Hq == 0) return {out, lse};
-  const bool tiled = native && has_mma_sync() && !d.fp8;
+  const bool tiled = native && has_mma_sync();  // where its tiles fit (mla_tiled_tokens), on a 16-bit query
   const int bn = tiled ? kernels::mla_tiled_tokens(static_cast<int>(latent), static_cast<int>(rope),
                                                    static_cast<int>(es), kernels::smem_optin_bytes())
                        : 0;
@@ -96,8 +97,10 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
       if (e == cudaSuccess && rope > 0)
         e = project<scalar_t, scalar_t, scalar_t>(q_pe, std::nullopt, qp + latent, d.Hq * DK, DK, rope, 1.f);
       if (e == cudaSuccess)
-        e = kernels::mla_tiled_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope), bn,
-                                              current_stream());
+        e = d.fp8 ? kernels::mla_tiled_pass<scalar_t, true>(p, static_cast<int>(latent), static_cast<int>(rope), bn,
+                                                             current_stream())
+                  : kernels::mla_tiled_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope), bn,
+                                                      current_stream());
     } else {  // the fp32 query, scaled
       float* qp = qs.data_ptr<float>();
       e = project<scalar_t, scalar_t, float>(q_nope, w_uk, qp, d.Hq * DK, DK, latent, scale_log2);

@@ -14,6 +14,8 @@
 //   precision "fp32" (PT = 2) splits P into hi + lo 16-bit parts (two products), so P.V is as accurate as with fp32
 //   probabilities; "native" (PT = 1) rounds P to T once, as every kernel of the field does.
 // Tokens past the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0.
+// An FP8 cache (F8; T the query's 16-bit type): each chunk is 8 e4m3 bytes, converted exactly to T in registers
+// after the load (the same fragments); its K scale multiplies scale_log2 here, its V scale the output in the merge.
 #pragma once
 
 #include "kernels/gqa_decode.cuh"
@@ -39,7 +41,23 @@ struct StepBlocks {
   }
 };
 
-template <typename T, int D, int GT, int PT>
+// 8 cache elements from element offset `at` of `base` as 4 registers of T pairs: 16 bytes of T, or (F8) 8 e4m3
+// bytes converted.
+template <typename T, bool F8>
+__device__ __forceinline__ Pairs4 load_chunk(const void* base, int64_t at) {
+  if constexpr (F8) {
+    const Pack<unsigned short, 4> x =
+        *reinterpret_cast<const Pack<unsigned short, 4>*>(static_cast<const unsigned char*>(base) + at);
+    Pairs4 out;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) out.v[w] = e4m3x2_to<T>(x.v[w]);
+    return out;
+  } else {
+    return *reinterpret_cast<const Pairs4*>(static_cast<const T*>(base) + at);
+  }
+}
+
+template <typename T, int D, int GT, int PT, bool F8>
 __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams p) {
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
   static_assert(GT == 8 || GT == 16, "8 or 16 query heads per tile");
@@ -86,8 +104,8 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
   const int cap = p.max_blocks * p.block_size;
   const int len[2] = {row_len(wi, g, G, p.seq_lens, cap), row_len(wi, g + 8, G, p.seq_lens, cap)};
 
-  const T* kbase = static_cast<const T*>(p.k) + kvh * p.k_sh;
-  const T* vbase = static_cast<const T*>(p.v) + kvh * p.v_sh;
+  const float scale_log2 = p.k_scale != nullptr ? p.scale_log2 * *p.k_scale : p.scale_log2;
+  const int64_t kh = kvh * p.k_sh, vh = kvh * p.v_sh;  // element offsets of this KV head
   for (int s = j0 + 16 * warp; s < j1; s += 16 * kGqaMmaWarps) {  // warp-uniform
     const StepBlocks sb{s / p.block_size, s % p.block_size};
     // keys: token s + 8 n + g, chunks t + 4 i
@@ -99,7 +117,7 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
 #pragma unroll
       for (int i = 0; i < KC; ++i) {
         Pairs4 pk{};
-        if (block >= 0) pk = *reinterpret_cast<const Pairs4*>(kbase + block * p.k_sb + off * p.k_st + 8 * (t + 4 * i));
+        if (block >= 0) pk = load_chunk<T, F8>(p.k, kh + block * p.k_sb + off * p.k_st + 8 * (t + 4 * i));
 #pragma unroll
         for (int w = 0; w < 4; ++w) kw[n][i][w] = pk.v[w];
       }
@@ -118,8 +136,7 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
 #pragma unroll
         for (int h = 0; h < VH; ++h) {
           Pairs4 pv{};
-          if (block >= 0)
-            pv = *reinterpret_cast<const Pairs4*>(vbase + block * p.v_sb + off * p.v_st + 8 * (g + 8 * h));
+          if (block >= 0) pv = load_chunk<T, F8>(p.v, vh + block * p.v_sb + off * p.v_st + 8 * (g + 8 * h));
 #pragma unroll
           for (int w = 0; w < 4; ++w) vw[u][e][h][w] = pv.v[w];
         }
@@ -146,7 +163,7 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
       for (int u = 0; u < 2; ++u)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          x[u][e] = valid[u][e] && s + 8 * u + 2 * t + e < len[r] ? sc[u][2 * r + e] * p.scale_log2 : -INFINITY;
+          x[u][e] = valid[u][e] && s + 8 * u + 2 * t + e < len[r] ? sc[u][2 * r + e] * scale_log2 : -INFINITY;
       softmax_step<T, PT>(x, r, m[r], l[r], acc, ph, pl);
     }
     if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
@@ -187,26 +204,27 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
   combine_slots(st, kGqaMmaWarps, GT, ng, D, p.part_o + row * D, p.part_lse + row);
 }
 
-template <typename T, int D, int GT, int PT>
+template <typename T, int D, int GT, int PT, bool F8>
 cudaError_t gqa_mma_launch(const GqaParams& p, cudaStream_t stream) {
   const dim3 grid(p.items);
-  auto kernel = gqa_mma_kernel<T, D, GT, PT>;
+  auto kernel = gqa_mma_kernel<T, D, GT, PT, F8>;
   DCP_LAUNCH(kernel, grid, dim3(32 * kGqaMmaWarps), slot_smem_bytes(kGqaMmaWarps, GT, D), stream, p);
   return cudaGetLastError();
 }
 
-// The split pass of gqa_decode_partial: on tensor cores for 16-bit caches with head dims 64 and 128 when the device
-// has them (sm_80 and later), else the SIMT kernel of gqa_decode.cuh; P in 1 term (native) or 2 (fp32).
-template <typename T, int PT>
+// The tensor-core kernel for p.R rows and head dim p.D; P in 1 term (native) or 2 (fp32).
+template <typename T, int PT, bool F8>
 cudaError_t gqa_mma_dispatch(const GqaParams& p, cudaStream_t stream) {
   const bool wide = p.R == 16;
-  if (p.D == 64) return wide ? gqa_mma_launch<T, 64, 16, PT>(p, stream) : gqa_mma_launch<T, 64, 8, PT>(p, stream);
-  return wide ? gqa_mma_launch<T, 128, 16, PT>(p, stream) : gqa_mma_launch<T, 128, 8, PT>(p, stream);
+  if (p.D == 64)
+    return wide ? gqa_mma_launch<T, 64, 16, PT, F8>(p, stream) : gqa_mma_launch<T, 64, 8, PT, F8>(p, stream);
+  return wide ? gqa_mma_launch<T, 128, 16, PT, F8>(p, stream) : gqa_mma_launch<T, 128, 8, PT, F8>(p, stream);
 }
 
-// Whether gqa_split_pass runs the tensor-core kernel: 16-bit caches, head dims 64 and 128, a device with mma.sync.
-inline bool gqa_on_tensor_cores(int elem_size, int D, bool tensor_cores) {
-  return tensor_cores && elem_size == 2 && (D == 64 || D == 128);
+// Whether gqa_split_pass runs the tensor-core kernel: 16-bit queries (on caches of their type or fp8 ones), head
+// dims 64 and 128, a device with mma.sync.
+inline bool gqa_on_tensor_cores(int q_elem_size, int D, bool tensor_cores) {
+  return tensor_cores && q_elem_size == 2 && (D == 64 || D == 128);
 }
 
 // The query rows per block (GqaParams::R) of the kernel gqa_split_pass runs, for `rows` query rows of a sequence per
@@ -216,13 +234,17 @@ inline int gqa_rows(int64_t rows, bool on_tensor_cores) {
   return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
 }
 
+// The split pass of gqa_decode_partial for a query of type T on a cache of T or (fp8) float8_e4m3fn: on tensor cores
+// where gqa_on_tensor_cores says so, else the SIMT kernel of gqa_decode.cuh.
 template <typename T>
-cudaError_t gqa_split_pass(const GqaParams& p, cudaStream_t stream, bool tensor_cores, bool native) {
+cudaError_t gqa_split_pass(const GqaParams& p, cudaStream_t stream, bool tensor_cores, bool native, bool fp8) {
   if constexpr (sizeof(T) == 2) {
-    if (gqa_on_tensor_cores(sizeof(T), p.D, tensor_cores))
-      return native ? gqa_mma_dispatch<T, 1>(p, stream) : gqa_mma_dispatch<T, 2>(p, stream);
+    if (gqa_on_tensor_cores(sizeof(T), p.D, tensor_cores)) {
+      if (fp8) return native ? gqa_mma_dispatch<T, 1, true>(p, stream) : gqa_mma_dispatch<T, 2, true>(p, stream);
+      return native ? gqa_mma_dispatch<T, 1, false>(p, stream) : gqa_mma_dispatch<T, 2, false>(p, stream);
+    }
   }
-  return gqa_split<T>(p, stream);
+  return fp8 ? gqa_split<T, fp8_e4m3>(p, stream) : gqa_split<T>(p, stream);
 }
 
 }  // namespace dcp_ops::kernels

@@ -17,6 +17,9 @@
 // row), so the 8 rows an ldmatrix reads, and the 8 rows a warp's P stores touch, are on distinct banks. Tokens past
 // the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0; so do a row's tokens
 // past its own length. Writes the normalised fp32 partial and natural LSE of each split, as mla_split_kernel does.
+// An FP8 cache (F8; a 16-bit query, T its type): the tiles' e4m3 rows are copied by cp.async into two raw stages (half
+// the bytes), and each tile, once in, is converted exactly to T into one 16-bit stage that the products read as
+// above (one more barrier a tile); the cache's scale multiplies scale_log2 here and the output in the merge.
 #pragma once
 
 #include <cstdlib>
@@ -29,8 +32,10 @@ namespace dcp_ops::kernels {
 
 constexpr int kMlaRows = 64, kMlaTiledWarps = 8;
 
+// Q, two KV stages (F8: one, and two raw e4m3 stages of half the bytes: the same size), P; then row maxima / sums
+// [2][64], rescales, valid flags.
 template <int DK, int BN, typename T>
-constexpr int mla_tiled_smem_bytes() {  // Q, two KV stages, P; then row maxima / sums [2][64], rescales, valid flags
+constexpr int mla_tiled_smem_bytes() {
   return (kMlaRows * DK + 2 * BN * DK + kMlaRows * BN) * static_cast<int>(sizeof(T)) +
          (2 * kMlaRows + 2 * kMlaRows + kMlaRows + 2 * BN) * 4;
 }
@@ -41,9 +46,10 @@ __device__ __forceinline__ int swizzled(int r, int c) {
   return r * CH * 8 + 8 * (c ^ (r & (CH >= 8 ? 7 : CH - 1)));
 }
 
-template <typename T, int DL, int DR, int BN>
+template <typename T, int DL, int DR, int BN, bool F8>
 __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaParams p) {
   constexpr int DK = DL + DR, CH = DK / 8, PCH = BN / 8;  // chunks of a KV (and Q) row, of a P row
+  constexpr int KST = F8 ? 1 : 2, CH8 = DK / 16;          // 16-bit KV stages; 16-byte chunks of an e4m3 row
   constexpr int NT = BN / 16;                             // score n-tiles of 8 tokens per warp (half the tile)
   constexpr int NV = DL / 64;                             // P.V n-tiles of 8 columns per warp (DL / 8 columns)
   constexpr int TPR = 32 * kMlaTiledWarps / BN;           // copying threads per KV row
@@ -60,15 +66,17 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
 
   DCP_DYNAMIC_SMEM(float, smem);
   T* sQ = reinterpret_cast<T*>(smem);   // [64][DK]
-  T* sKV = sQ + kMlaRows * DK;          // [2][BN][DK]
-  T* sP = sKV + 2 * BN * DK;            // [64][BN]
-  float* sMax = reinterpret_cast<float*>(sP + kMlaRows * BN);  // [2][64]: the token halves' row maxima; at the end m
+  T* sKV = sQ + kMlaRows * DK;          // [KST][BN][DK]
+  T* sP = sKV + KST * BN * DK;          // [64][BN]
+  unsigned char* sRaw = reinterpret_cast<unsigned char*>(sP + kMlaRows * BN);  // F8: [2][BN][DK] e4m3, unswizzled
+  float* sMax = reinterpret_cast<float*>(sRaw + (F8 ? 2 * BN * DK : 0));  // [2][64]: the halves' row maxima; then m
   float* sSum = sMax + 2 * kMlaRows;    // [2][64]: the halves' row sums, at the end
   float* sAlpha = sSum + 2 * kMlaRows;  // [64]: this tile's rescale of each row
   int* sValid = reinterpret_cast<int*>(sAlpha + kMlaRows);  // [2][BN]: whether a stage's token was read
 
   const int tiles = j1 > j0 ? (j1 - j0 + BN - 1) / BN : 0;
-  const T* kv = static_cast<const T*>(p.kv);
+  const T* kv = static_cast<const T*>(p.kv);  // (a 16-bit cache's)
+  const float scale_log2 = p.k_scale != nullptr ? p.scale_log2 * *p.k_scale : p.scale_log2;
   const T* q16 = static_cast<const T*>(p.q16);
   auto row_of = [&](int j) -> int64_t {  // token j's element offset in kv, or -1 when it is not read
     if (j >= j1) return -1;
@@ -79,13 +87,43 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
   // Thread tid copies chunks csub, csub + TPR, ... of tile row crow.
   const int crow = tid / TPR, csub = tid % TPR;
   auto issue = [&](int stage, int64_t off) {
-    T* dst = sKV + stage * BN * DK;
+    if constexpr (F8) {  // (off counts elements, which are bytes here)
+      unsigned char* dst = sRaw + (stage * BN + crow) * DK;
+      const unsigned char* src = static_cast<const unsigned char*>(p.kv);
 #pragma unroll
-    for (int i = 0; i < CH / TPR; ++i) {
-      const int c = csub + TPR * i;
-      cp_async16(dst + swizzled<CH>(crow, c), kv + (off >= 0 ? off + 8 * c : 0), off >= 0);
+      for (int i = 0; i < (CH8 + TPR - 1) / TPR; ++i) {
+        const int c = csub + TPR * i;
+        if (CH8 % TPR == 0 || c < CH8) cp_async16(dst + 16 * c, src + (off >= 0 ? off + 16 * c : 0), off >= 0);
+      }
+    } else {
+      T* dst = sKV + stage * BN * DK;
+#pragma unroll
+      for (int i = 0; i < CH / TPR; ++i) {
+        const int c = csub + TPR * i;
+        cp_async16(dst + swizzled<CH>(crow, c), kv + (off >= 0 ? off + 8 * c : 0), off >= 0);
+      }
     }
     if (csub == 0) sValid[stage * BN + crow] = off >= 0;
+  };
+  // F8: raw stage `stage` (a tile in) converted to T into the 16-bit stage, each 16-byte e4m3 chunk c of a row
+  // becoming its 16-bit chunks 2c and 2c + 1 (swizzled as issue() places them for a 16-bit cache)
+  auto convert = [&](int stage) {
+    const unsigned char* raw = sRaw + stage * BN * DK;
+    constexpr int kThreads = 32 * kMlaTiledWarps;
+#pragma unroll
+    for (int u = 0; u < (BN * CH8 + kThreads - 1) / kThreads; ++u) {
+      const int i = tid + kThreads * u, r = i / CH8, c = i % CH8;
+      if (BN * CH8 % kThreads != 0 && i >= BN * CH8) break;
+      const Pack<unsigned short, 8> x = *reinterpret_cast<const Pack<unsigned short, 8>*>(raw + r * DK + 16 * c);
+      Pairs4 lo, hi;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        lo.v[e] = e4m3x2_to<T>(x.v[e]);
+        hi.v[e] = e4m3x2_to<T>(x.v[4 + e]);
+      }
+      *reinterpret_cast<Pairs4*>(sKV + swizzled<CH>(r, 2 * c)) = lo;
+      *reinterpret_cast<Pairs4*>(sKV + swizzled<CH>(r, 2 * c + 1)) = hi;
+    }
   };
 
   for (int i = tid; i < kMlaRows * CH; i += 32 * kMlaTiledWarps) {  // the query rows; rows past nrows are zeros
@@ -136,7 +174,11 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
       next = after;
     }
     cp_async_commit();
-    const int kvo = stage * BN * DK * static_cast<int>(sizeof(T));  // this stage's byte offset
+    if constexpr (F8) {
+      convert(stage);
+      __syncthreads();  // the converted tile is in
+    }
+    const int kvo = F8 ? 0 : stage * BN * DK * static_cast<int>(sizeof(T));  // this 16-bit stage's byte offset
 
     // scores of rows 16 sg + g (+ 8), tokens BN / 2 half + 8 n + 2 t (+ 1)
     float sc[NT][4];
@@ -167,7 +209,7 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        sc[n][i] = valid[8 * n + 2 * t + (i & 1)] && 8 * n + (i & 1) < lk[i / 2] ? sc[n][i] * p.scale_log2 : -INFINITY;
+        sc[n][i] = valid[8 * n + 2 * t + (i & 1)] && 8 * n + (i & 1) < lk[i / 2] ? sc[n][i] * scale_log2 : -INFINITY;
         mx[i / 2] = fmaxf(mx[i / 2], sc[n][i]);
       }
 #pragma unroll
@@ -290,10 +332,10 @@ inline int mla_tiled_tokens(int latent, int rope, int elem_bytes, int smem_optin
   return bytes(64) <= smem_optin ? 64 : bytes(32) <= smem_optin ? 32 : 0;
 }
 
-template <typename T, int DL, int DR, int BN>
+template <typename T, int DL, int DR, int BN, bool F8>
 cudaError_t mla_tiled_launch(const MlaParams& p, cudaStream_t stream) {
   const dim3 grid(p.items);  // one block per work item
-  auto kernel = mla_tiled_kernel<T, DL, DR, BN>;
+  auto kernel = mla_tiled_kernel<T, DL, DR, BN, F8>;
   constexpr int smem = mla_tiled_smem_bytes<DL + DR, BN, T>();
 #ifndef DCP_SIMT
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -303,20 +345,23 @@ cudaError_t mla_tiled_launch(const MlaParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int BN>
+template <typename T, int BN, bool F8>
 cudaError_t mla_tiled_dispatch(const MlaParams& p, int latent, int rope, cudaStream_t stream) {
   if (latent == 512)
-    return rope == 64 ? mla_tiled_launch<T, 512, 64, BN>(p, stream) : mla_tiled_launch<T, 512, 0, BN>(p, stream);
-  return rope == 64 ? mla_tiled_launch<T, 256, 64, BN>(p, stream) : mla_tiled_launch<T, 256, 0, BN>(p, stream);
+    return rope == 64 ? mla_tiled_launch<T, 512, 64, BN, F8>(p, stream)
+                      : mla_tiled_launch<T, 512, 0, BN, F8>(p, stream);
+  return rope == 64 ? mla_tiled_launch<T, 256, 64, BN, F8>(p, stream)
+                    : mla_tiled_launch<T, 256, 0, BN, F8>(p, stream);
 }
 
-// The tiled split pass (precision "native", p.q16 set): BN = bn from mla_tiled_tokens.
-template <typename T>
+// The tiled split pass (precision "native", p.q16 set): BN = bn from mla_tiled_tokens. T: the query's 16-bit type,
+// and the cache's, or the cache is float8_e4m3fn (F8).
+template <typename T, bool F8 = false>
 cudaError_t mla_tiled_pass(const MlaParams& p, int latent, int rope, int bn, cudaStream_t stream) {
-  if constexpr (sizeof(T) != 2) return cudaErrorInvalidValue;  // 16-bit caches only (mla_tiled_tokens says 0)
+  if constexpr (sizeof(T) != 2) return cudaErrorInvalidValue;  // 16-bit queries only (mla_tiled_tokens says 0)
   else
-    return bn == 64 ? mla_tiled_dispatch<T, 64>(p, latent, rope, stream)
-                    : mla_tiled_dispatch<T, 32>(p, latent, rope, stream);
+    return bn == 64 ? mla_tiled_dispatch<T, 64, F8>(p, latent, rope, stream)
+                    : mla_tiled_dispatch<T, 32, F8>(p, latent, rope, stream);
 }
 
 }  // namespace dcp_ops::kernels

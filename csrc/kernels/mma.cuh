@@ -10,6 +10,8 @@
 // A register holds two elements, the lower k (or column) in its low 16 bits.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/common.cuh"
 
 namespace dcp_ops::kernels {
@@ -32,6 +34,17 @@ using Pairs4 = Pack<uint32_t, 4>;
 // Two elements in one register: lo in the low half.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(T lo, T hi) { return bits16(lo) | bits16(hi) << 16; }
+
+// Two float8_e4m3fn values (the low byte first) as a register of two T (fp16 or bf16), exactly (e4m3 fits both): by
+// cuda_fp8.h's pair conversion to fp16 (one instruction on sm_89 and later), then, for bf16, through fp32.
+template <typename T>
+__device__ __forceinline__ uint32_t e4m3x2_to(unsigned short two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
+  if constexpr (std::is_same_v<T, __half>)
+    return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
+  else
+    return pack2(from_f32<T>(__half2float(__ushort_as_half(h.x))), from_f32<T>(__half2float(__ushort_as_half(h.y))));
+}
 
 // x0, x1 as N registers of T pairs: term i is what terms 0 .. i-1 left of x, rounded to T. Two terms carry about
 // 17 bits (bf16) of x, three about 25: a product with all of them is as accurate as one with fp32 inputs to that

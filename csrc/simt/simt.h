@@ -297,6 +297,8 @@ inline float __uint_as_float(unsigned u) {
   return f;
 }
 
+inline __half __ushort_as_half(unsigned short bits) { return {bits}; }
+
 // cuda_fp8.h's float -> e4m3 conversion with __NV_SATFINITE (the only mode the kernels use): round to nearest even,
 // magnitudes from 448 up (inf included) saturate to 448, NaN becomes 0x7F.
 using __nv_fp8_storage_t = unsigned char;
@@ -316,4 +318,25 @@ inline __nv_fp8_storage_t __nv_cvt_float_to_fp8(float x, __nv_saturation_t, __nv
   }
   u += 0x7ffffu + ((u >> 20) & 1u);                     // round the 20 dropped mantissa bits to nearest even
   return sign | static_cast<unsigned char>((u >> 20) - (120u << 3));  // exponent rebiased 127 -> 7
+}
+
+// cuda_fp8.h's e4m3 pair -> fp16 pair conversion (E4M3 only): exact, as every e4m3 value is an fp16 one; the NaN
+// magnitude 0x7F gives an fp16 NaN. Decoded from the bits (m x 2^-9 below the normal range, else the fields).
+using __nv_fp8x2_storage_t = unsigned short;
+struct __half2_raw {
+  unsigned short x, y;
+};
+inline __half2_raw __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t two, __nv_fp8_interpretation_t) {
+  auto one = [](unsigned b) -> unsigned short {
+    const unsigned mag = b & 0x7Fu;
+    float v = NAN;
+    if (mag < 8u) {
+      v = static_cast<float>(mag) / 512.f;
+    } else if (mag != 0x7Fu) {
+      const uint32_t u = (mag << 20) + (120u << 23);
+      std::memcpy(&v, &u, 4);
+    }
+    return static_cast<unsigned short>(_cvtss_sh(b & 0x80u ? -v : v, 0));
+  };
+  return {one(two & 0xFFu), one(two >> 8)};
 }
