@@ -212,6 +212,36 @@ def mla_case(x):
     return ours, dict(bmm=bmm(kv.dtype), bmm_fp32=bmm(torch.float32), sdpa=sdpa), flops, kv_bytes
 
 
+def mtp_rows(gen, probes, L=32768):
+    """Multi-token decode (MTP / speculative), bf16, one sequence of L tokens: n query tokens verified in one call (each
+    attending up to its own position; the kernels share each KV tile's reads among them) against one token, and
+    against the same n queries as n separate sequences over the same cache (no sharing). Caches flushed every call."""
+    rows = []
+    lens = lambda n: torch.arange(L - n + 1, L + 1, dtype=torch.int32)  # noqa: E731
+    for n in (2, 4):
+        for name in ("GQA 16q/2kv d128", "MLA 16h 512+64", "MLA 128h 512+64 w_uk"):
+            if name.startswith("GQA"):
+                k, table = paged(1, L, 16, (2, 128), torch.bfloat16, gen)
+                x = dict(q=torch.randn(1, 16, 128, generator=gen).to(torch.bfloat16), k_cache=k,
+                         v_cache=torch.randn(k.shape, generator=gen).to(torch.bfloat16), block_table=table,
+                         seq_lens=torch.tensor([L], dtype=torch.int32), scale=128 ** -0.5)
+                op, qkeys = dcp_ops.gqa_decode_partial, ("q",)
+            else:
+                x = mla_inputs(1, L, torch.bfloat16, gen, 128 if "128h" in name else 16, "w_uk" in name)
+                op, qkeys = dcp_ops.mla_decode_partial, ("q_nope", "q_pe")
+            many = {key: torch.cat([x[key]] * n) for key in qkeys}
+            mtp = dict(x, **many, seq_lens=lens(n), cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32))
+            sep = dict(x, **many, seq_lens=lens(n), block_table=x["block_table"].repeat(n, 1))
+            times = interleaved(dict(probes.fns(), one=lambda: op(**x), mtp=lambda: op(**mtp), sep=lambda: op(**sep)),
+                                flush=probes.flush)
+            row = dict(op=f"{name} MTP {n} tok", dtype="bfloat16", context=L, batch=1, ms=times["mtp"] * 1e3,
+                       one_token_ms=times["one"] * 1e3, separate_ms=times["sep"] * 1e3)
+            rows.append(row)
+            print(f"{row['op']:<30} bf16 {L}: {n} tokens {row['ms']:.2f} ms, one {row['one_token_ms']:.2f} ms, as "
+                  f"{n} separate sequences {row['separate_ms']:.2f} ms", flush=True)
+    return rows
+
+
 def predicted_s(name, dtype, flops, ceil):
     rate = ceil["bf16_GFLOPs"] if (dtype != torch.float32 and name != "bmm_fp32") else ceil["fp32_GFLOPs"]
     return flops / (rate * 1e9)
@@ -307,6 +337,7 @@ def main():
         rows.append(row)
         print(f"{row['op']:<34} {row['dtype']:<9} {t * 1e3:>7.2f} ms {row['GBps']:>6.1f} GB/s "
               f"({row['copy_fraction']:.2f} of copy)  torch {tb * 1e3:.2f} ms  {tb / t:.1f}x")
+    rows += mtp_rows(gen, probes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(ceilings=ceil, threads=torch.get_num_threads(), pages=pages, rows=rows), f, indent=1)

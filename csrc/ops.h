@@ -29,11 +29,8 @@ bool parse_nonfinite_lse(c10::string_view nonfinite_lse, const char* op);
 
 // Multi-token decode (docs/design.md §6): with cu_seqlens_q [B + 1] (checked by validate_gqa / validate_mla; its
 // values where it is on the CPU), query token t belongs to block-table row b with cu[b] <= t < cu[b + 1], and
-// seq_lens [T] holds each query's causal length. query_block_table returns the block table with one row per query
-// token (of T), gathered on its device with no host read, which the CPU kernels take as in plain decode; without
-// cu_seqlens_q, block_table itself. The CUDA split passes take block_table and cu_seqlens_q as they are (the split
-// plan puts a sequence's query tokens in the same blocks).
-Tensor query_block_table(const Tensor& block_table, const std::optional<Tensor>& cu_seqlens_q, int64_t T);
+// seq_lens [T] holds each query's causal length. The kernels take block_table and cu_seqlens_q as they are and give
+// a sequence's query tokens the same KV reads (CPU: cpu/paged_decode.cpp's units; CUDA: the split plan's blocks).
 
 // Validation (csrc/validate.cpp): dtypes, ranks, shapes, devices and strides; no tensor values are read.
 DecodeDims validate_gqa(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,

@@ -46,16 +46,6 @@ static int64_t check_cu_seqlens_q(const Tensor& block_table, const std::optional
   return B;
 }
 
-Tensor query_block_table(const Tensor& block_table, const std::optional<Tensor>& cu_seqlens_q, int64_t T) {
-  if (!cu_seqlens_q.has_value()) return block_table;
-  const Tensor& cu = *cu_seqlens_q;
-  const int64_t B = block_table.size(0);
-  if (B == 0 || T == 0) return block_table.new_empty({T, block_table.size(1)});
-  const Tensor token = at::arange(T, cu.options());
-  const Tensor row = at::searchsorted(cu.slice(0, 1), token, /*out_int32=*/true, /*right=*/true).clamp_max(B - 1);
-  return block_table.index_select(0, row);
-}
-
 // An output or cache written in place must not overlap itself (an expanded, stride-0 view would be written once per
 // alias); docs/design.md §2.
 static void check_no_internal_overlap(const Tensor& t, const char* op, const char* name) {

@@ -188,6 +188,32 @@ def test_cu_seqlens_q_is_checked_by_name(cu, msg):
                                    torch.ones(4, dtype=I32), 0.1, cu_seqlens_q=cu)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind,heads", [("gqa", 2), ("gqa", 12), ("mla", 16), ("mla", 5)])
+def test_cpu_units_of_a_sequences_query_tokens(kind, heads, dtype):
+    """The CPU kernels take up to 8 query tokens of a sequence as one unit of work sharing each KV tile's reads, each
+    token masked at its own length: 14 draft tokens (two units), 9, 1 and an empty sequence's none, through the FMA,
+    bf16 dot-product (and AMX, where built) paths of GQA and MLA."""
+    gen = torch.Generator().manual_seed(heads)
+    lens, n_q = [300, 40, 77, 1], [14, 9, 1, 0]
+    caches, table, qargs, positions, cu = _batch(lens, n_q, 16, kind, dtype, gen, heads=heads, rope=16, latent=64)
+    seq_lens = (positions + 1).int()
+    op = dcp_ops.ops._ops.gqa_decode_partial if kind == "gqa" else dcp_ops.ops._ops.mla_decode_partial
+    out, lse = _call(op, kind, caches, table, qargs, seq_lens, cu, 0.2)
+    fn = ref.gqa_decode_partial if kind == "gqa" else ref.mla_decode_partial
+    args = ((qargs[0], *caches, table, seq_lens, 0.2) if kind == "gqa" else
+            (qargs[0], qargs[1], caches[0], table, seq_lens, 0.2, qargs[2], qargs[3]))
+    assert_decode(out, lse, fn, args, dtype, "native", f"cpu units {kind} {heads} heads {dtype}", cu_seqlens_q=cu)
+
+
+def test_a_block_id_outside_the_cache_names_the_sequences_row():
+    k = torch.randn(4, 8, 1, 16)
+    table, cu = torch.tensor([[0, 1], [2, 9]], dtype=I32), torch.tensor([0, 3, 5], dtype=I32)
+    with pytest.raises(RuntimeError, match=r"block_table\[1, 1\] = 9 is outside the cache's \[0, num_blocks = 4\)"):
+        dcp_ops.gqa_decode_partial(torch.randn(5, 2, 16), k, k, table, torch.tensor([1, 2, 3, 8, 9], dtype=I32), 0.1,
+                                   cu_seqlens_q=cu)
+
+
 def test_seq_lens_are_per_query_token():
     k = torch.randn(4, 8, 1, 16)
     table, cu = torch.tensor([[0], [1]], dtype=I32), torch.tensor([0, 3, 4], dtype=I32)

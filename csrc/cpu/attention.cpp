@@ -46,7 +46,8 @@ double scale_value(const std::optional<Tensor>& scale) {
 }
 
 cpu::PagedDecodeParams base_params(const float* q32, const DecodeDims& d, const Tensor& block_table,
-                                   const Tensor& seq_lens, Tensor& out, Tensor& lse) {
+                                   const Tensor& seq_lens, const std::optional<Tensor>& cu_seqlens_q, Tensor& out,
+                                   Tensor& lse) {
   cpu::PagedDecodeParams p{};
   p.q = q32;
   p.q_st = d.Hq * d.Dk;
@@ -60,6 +61,8 @@ cpu::PagedDecodeParams base_params(const float* q32, const DecodeDims& d, const 
   p.bt_stride = block_table.stride(0);
   p.block_size = d.block_size;
   p.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.cu_seqlens_q = cu_seqlens_q.has_value() ? cu_seqlens_q->data_ptr<int32_t>() : nullptr;
+  p.B = cu_seqlens_q.has_value() ? block_table.size(0) : d.T;
   p.out = out.data_ptr();
   p.out_dtype = out.scalar_type();
   p.lse = lse.data_ptr<float>();
@@ -85,16 +88,15 @@ void per_head_matmul(const float* x, int64_t xs0, int64_t xs1, int64_t T, const 
 }  // namespace
 
 std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                                  const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
+                                                  const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                   c10::string_view precision,
                                                   const std::optional<Tensor>& cu_seqlens_q,
                                                   const std::optional<Tensor>& k_scale,
                                                   const std::optional<Tensor>& v_scale) {
   parse_precision(precision, "gqa_decode_partial");  // exact under both: it passes the native bound too
   const DecodeDims d =
-      validate_gqa(q, k_cache, v_cache, block_table_arg, seq_lens, scale, cu_seqlens_q, k_scale, v_scale);
-  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, d.T);
-  cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "gqa_decode_partial");
+      validate_gqa(q, k_cache, v_cache, block_table, seq_lens, scale, cu_seqlens_q, k_scale, v_scale);
+  cpu::check_paged_indices(block_table, seq_lens, cu_seqlens_q, d.num_blocks, d.block_size, "gqa_decode_partial");
   // An FP8 cache's K scale folds into the softmax scale, its V scale into the output (docs/design.md §6).
   const double q_mult = scale * scale_value(k_scale) * kLog2e;
   std::vector<float> q32(d.T * d.Hq * d.Dk);
@@ -102,7 +104,7 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor&
   Tensor out = at::empty({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = at::empty({d.T, d.Hq}, q.options().dtype(at::kFloat));
   if (d.T == 0 || d.Hq == 0) return {out, lse};  // nothing to compute (docs/design.md §2: zero-size dims never crash)
-  cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
+  cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, cu_seqlens_q, out, lse);
   p.q_mult = static_cast<float>(q_mult);
   p.q_exact_bf16 = q.scalar_type() == at::kBFloat16;
   p.out_mult = static_cast<float>(scale_value(v_scale));
@@ -119,16 +121,15 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor&
 }
 
 std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_cache,
-                                                  const Tensor& block_table_arg, const Tensor& seq_lens, double scale,
+                                                  const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                   const std::optional<Tensor>& w_uk,
                                                   const std::optional<Tensor>& w_uv, c10::string_view precision,
                                                   const std::optional<Tensor>& cu_seqlens_q,
                                                   const std::optional<Tensor>& kv_scale) {
   parse_precision(precision, "mla_decode_partial");  // exact under both: it passes the native bound too
   const DecodeDims d =
-      validate_mla(q_nope, q_pe, kv_cache, block_table_arg, seq_lens, scale, w_uk, w_uv, cu_seqlens_q, kv_scale);
-  const Tensor block_table = query_block_table(block_table_arg, cu_seqlens_q, d.T);
-  cpu::check_paged_indices(block_table, seq_lens, d.num_blocks, d.block_size, "mla_decode_partial");
+      validate_mla(q_nope, q_pe, kv_cache, block_table, seq_lens, scale, w_uk, w_uv, cu_seqlens_q, kv_scale);
+  cpu::check_paged_indices(block_table, seq_lens, cu_seqlens_q, d.num_blocks, d.block_size, "mla_decode_partial");
   // Query rows [latent | rope] in fp32, times scale * log2(e) (and an FP8 cache's scale, which also multiplies the
   // output: docs/design.md §6); the latent part absorbed through w_uk if given (in
   // place, fp32 accumulation; staged here rather than by ATen ops, which after a decode step's cache traffic took
@@ -152,7 +153,7 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
   Tensor out = at::empty({d.T, d.Hq, dv_out}, q_nope.options());
   Tensor lse = at::empty({d.T, d.Hq}, q_nope.options().dtype(at::kFloat));
   if (d.T == 0 || d.Hq == 0) return {out, lse};
-  cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, out, lse);
+  cpu::PagedDecodeParams p = base_params(q32.data(), d, block_table, seq_lens, cu_seqlens_q, out, lse);
   // The kernel writes out in q's type; with w_uv, the latent output [T, Hq, latent] in fp32 into lat instead (every
   // element written, so not zeroed first), for the up-projection below.
   std::unique_ptr<float[]> lat;

@@ -1,6 +1,7 @@
 // Split-KV paged decode: each tile of cache rows is read in place through row pointers (a tile spans blocks), scored
 // by a register-blocked GEMM, folded into an online base-2 softmax and multiplied into the output, while the next
-// tile's rows are prefetched; the splits are combined at the end.
+// tile's rows are prefetched; the splits are combined at the end. The query tokens of one sequence (multi-token
+// decode; up to kUnitTokens of them) take each tile in turn while it is in cache, each with its own running state.
 #include "cpu/paged_decode.h"
 
 #include <ATen/Parallel.h>
@@ -32,6 +33,11 @@ namespace {
 // Most tokens per tile; the AMX kernels' tiles (128 tokens ran no faster there: MLA 16 and 128 heads, GQA, bf16, 32K,
 // alternated runs).
 constexpr int64_t kTileMax = 64;
+// Most query tokens of one sequence that share a tile's reads (multi-token decode): their running states and packed
+// queries live in each thread's buffers, at most kUnitStateBytes of output state (so that they stay in L2 beside the
+// tile): MLA 16 heads x 512 takes 8 tokens (32 KiB each), 128 heads one (256 KiB). (32K tokens, bf16, 2 threads,
+// 4 query tokens: MLA 16 heads 18.5 ms against 19.1 for 4 separate sequences; 128 heads w_uk 195 against 184.)
+constexpr int64_t kUnitTokens = 8, kUnitStateBytes = 256 * 1024;
 constexpr int64_t kTileBytes = 16 * 1024;  // small-G tiles: this tile and the next (prefetched) one fit in L1
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLn2 = 0.693147180559945309f;
@@ -392,24 +398,44 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   const int64_t kTile = amx ? kTileMax
                        : nt ? std::clamp<int64_t>((kTileBytes / token_bytes + rb / 2) / rb * rb, rb, kTileMax / rb * rb)
                             : kTileMax;
-  int64_t max_len = 0;
-  for (int64_t t = 0; t < p.T; ++t) max_len = std::max<int64_t>(max_len, p.seq_lens[t]);
+  // Units of work: up to unit_max query tokens of one sequence (multi-token decode: cu_seqlens_q), which share
+  // each KV tile read: the tile's rows are read from memory once and then, for every query token of the unit, scored,
+  // folded into that token's own running state and multiplied into its output, each token masked at its own length.
+  struct Unit {
+    int64_t b, t0, t1, len;  // block-table row, query tokens [t0, t1), the longest of their lengths
+  };
+  std::vector<Unit> units;
+  int64_t max_len = 0, unit_tokens = 1;
+  const int64_t unit_max =
+      std::clamp<int64_t>(kUnitStateBytes / std::max<int64_t>(1, p.Hq * p.Dv * 4), 1, kUnitTokens);
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t t_begin = p.cu_seqlens_q ? p.cu_seqlens_q[b] : b;
+    const int64_t t_end = p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] : b + 1;
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += unit_max) {
+      Unit u{b, t0, std::min(t_end, t0 + unit_max), 0};
+      for (int64_t t = u.t0; t < u.t1; ++t) u.len = std::max<int64_t>(u.len, p.seq_lens[t]);
+      max_len = std::max(max_len, u.len);
+      unit_tokens = std::max(unit_tokens, u.t1 - u.t0);
+      units.push_back(u);
+    }
+  }
+  const int64_t nunits = static_cast<int64_t>(units.size());
   const int64_t threads = at::get_num_threads();
   // Enough splits to give every thread work when the batch is small, never splits of less than a tile.
-  const int64_t nsplit = std::max<int64_t>(1, std::min(ceil_div(4 * threads, std::max<int64_t>(p.T, 1)),
+  const int64_t nsplit = std::max<int64_t>(1, std::min(ceil_div(4 * threads, std::max<int64_t>(nunits, 1)),
                                                        ceil_div(max_len, kTile)));
-  const int64_t items = p.T * nsplit;  // one item = one token range of one sequence, all KV heads
+  const int64_t items = nunits * nsplit;  // one item = one token range of one unit, all KV heads
   // Threads claim items one at a time, longest sequences first, so that a thread slowed down for a while (another
   // tenant on a shared host) or a mix of long and short sequences does not leave the other threads idle at the end:
   // batch 3 at 32K tokens, 2 threads (9 items) ran 16-20% faster than with a static split of the items.
-  std::vector<int64_t> order(p.T);
+  std::vector<int64_t> order(nunits);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p.seq_lens[a] > p.seq_lens[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return units[a].len > units[b].len; });
   std::atomic<int64_t> next_item{0};
   // Every item writes its whole slice of these, so they are not zeroed first (part_o is 2 MiB for 8 splits of 128 MLA
   // heads).
-  std::unique_ptr<float[]> part_o(new float[items * p.Hq * p.Dv]), part_m(new float[items * p.Hq]),
-      part_l(new float[items * p.Hq]);
+  std::unique_ptr<float[]> part_o(new float[p.T * nsplit * p.Hq * p.Dv]), part_m(new float[p.T * nsplit * p.Hq]),
+      part_l(new float[p.T * nsplit * p.Hq]);
   const int64_t qpack = std::max(packed_nt_size(G, p.Dk), p.Dk * G);
   // bf16 pairs (32 bits each) of one KV head's query, for gemm_dp (G heads) or gemm_dp8 (8 heads, 0 past G)
   const int64_t qheads = dp8 ? 8 : G, qpairs = (p.Dk + 1) / 2 * qheads;
@@ -427,15 +453,17 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   at::parallel_for(0, std::min(threads, items), 1, [&](int64_t, int64_t) {
     // Running state lives in this thread's buffers (items of other threads share cache lines in part_*); st, acc_o and
     // the AMX buffers start on cache lines, as AMX tiles load and store them (line_vector.h).
-    LineVector<float> st(kTileMax * Ga), acc_o(Hqa * p.Dv);
-    std::vector<float> qt(p.Hkv * qpack), alpha(Ga), acc_m(Hqa), acc_l(Hqa);
+    LineVector<float> st(kTileMax * Ga), acc_o(unit_tokens * Hqa * p.Dv);
+    std::vector<float> qt(unit_tokens * p.Hkv * qpack), alpha(Ga), acc_m(unit_tokens * Hqa), acc_l(unit_tokens * Hqa);
     // Row pointers (token entries) of this tile and of the next one, which is being prefetched.
     std::vector<const scalar_t*> krows(kTileMax), vrows(kTileMax), next_krows(kTileMax), next_vrows(kTileMax);
     TilePrefetcher pf;
     pf.streams = amx;
     // ... every KV head's, with a row of the query in fp32 and bf16 on the way (pack_query_pairs); gemm_dp8's heads
     // past G are zeroed here and never written
-    std::unique_ptr<uint32_t[]> qp(dp8 ? new uint32_t[p.Hkv * qpairs]() : dp ? new uint32_t[p.Hkv * qpairs] : nullptr);
+    std::unique_ptr<uint32_t[]> qp(dp8  ? new uint32_t[unit_tokens * p.Hkv * qpairs]()
+                                   : dp ? new uint32_t[unit_tokens * p.Hkv * qpairs]
+                                        : nullptr);
     std::vector<float> qrow32(dp || dp8 ? (p.Dk + 1) / 2 * 2 : 0);
     std::vector<c10::BFloat16> qrow16(qrow32.size());
     // fp32 copies of one KV head's tile rows, when `convert` / `convert_v` (147 KiB for MLA: left uninitialised, as
@@ -450,45 +478,45 @@ void paged_decode_impl(const PagedDecodeParams& p) {
     if (amx) tiles.emplace();
     const int kterms = amx32 ? 3 : 1;  // bf16 terms of each cache element in the tiles
     LineVector<amx::bf16> kbuf(amx ? kterms * kTileMax * p.Dk : 0), vbuf(amx ? p.Dv / 16 * amx::v_tile(kTileMax) : 0);
-    LineVector<amx::bf16> qb(amx ? p.Hkv * qb_size : 0);  // token q_token's Q^T, every KV head
+    LineVector<amx::bf16> qb(amx ? unit_tokens * p.Hkv * qb_size : 0);  // unit q_unit's Q^T, every token and KV head
     LineVector<uint32_t> pbuf(amx ? std::max({Ga * kTileMax, amx::p_halves_size(Ga, kTileMax, kterms == 3 ? 3 : 2),
                                               amx::p_stacked_size(kTileMax, 2)})
                                   : 0);
 #endif
-    int64_t q_token = -1;  // the token whose query qt, qp (or qb) hold
+    int64_t q_unit = -1;  // the unit whose queries qt, qp (or qb) hold
     for (int64_t claim; (claim = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
-      const int64_t t = order[claim / nsplit], split = claim % nsplit, item = t * nsplit + split;
-      const int64_t len = p.seq_lens[t];
-      const int64_t chunk = ceil_div(ceil_div(len, nsplit), kTile) * kTile;
-      const int64_t j0 = split * chunk, j1 = std::min(len, j0 + chunk);
-      float* o = acc_o.data();
-      float* m = acc_m.data();
-      float* l = acc_l.data();
-      // The query in the kernels' layouts, packed once per token and thread: a thread's next item is often of the same
-      // token (packed per item, the query took 8% of MLA 16 heads' time at 4K tokens, batch 1, on the FMA kernels).
-      const bool new_q = j0 < j1 && q_token != t;
-      if (new_q) q_token = t;
+      const int64_t ui = order[claim / nsplit], split = claim % nsplit;
+      const Unit& unit = units[ui];
+      const int64_t nq = unit.t1 - unit.t0;  // query tokens of the unit; token i is t0 + i
+      const int64_t chunk = ceil_div(ceil_div(unit.len, nsplit), kTile) * kTile;
+      const int64_t j0 = split * chunk, j1 = std::min(unit.len, j0 + chunk);
+      // The queries in the kernels' layouts, packed once per unit and thread: a thread's next item is often of the
+      // same unit (packed per item, the query took 8% of MLA 16 heads' time at 4K tokens, batch 1, on the FMA kernels).
+      const bool new_q = j0 < j1 && q_unit != ui;
+      if (new_q) q_unit = ui;
+      for (int64_t qi = 0; new_q && qi < nq; ++qi) {
+        const float* qtok = p.q + (unit.t0 + qi) * p.q_st;
 #if defined(DCP_OPS_AMX)
-      if (new_q && amx)
-        for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
-          amx::pack_q(G, Ga, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, p.q_exact_bf16 ? 1.f / p.q_mult : 1.f,
-                      qterms, qb.data() + kvh * qb_size);
+        if (amx)
+          for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
+            amx::pack_q(G, Ga, p.Dk, qtok + kvh * G * p.q_sh, p.q_sh, p.q_exact_bf16 ? 1.f / p.q_mult : 1.f, qterms,
+                        qb.data() + (qi * p.Hkv + kvh) * qb_size);
 #endif
-      if (new_q && (!amx || amx32)) {  // (an fp32 item may be recomputed without AMX, below)
+        if (amx && !amx32) continue;  // (an fp32 item may be recomputed without AMX, below)
         if (dp || dp8) {  // Q^T per KV head in pairs of rows: the bf16 query itself
           for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
-            pack_query_pairs(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, 1.f / p.q_mult, qheads,
-                             qrow32.data(), qrow16.data(), qp.get() + kvh * qpairs);
+            pack_query_pairs(G, p.Dk, qtok + kvh * G * p.q_sh, p.q_sh, 1.f / p.q_mult, qheads, qrow32.data(),
+                             qrow16.data(), qp.get() + (qi * p.Hkv + kvh) * qpairs);
         } else if (nt) {  // Q per KV head packed for gemm_nt
           for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
-            pack_nt(G, p.Dk, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, qt.data() + kvh * qpack);
+            pack_nt(G, p.Dk, qtok + kvh * G * p.q_sh, p.q_sh, qt.data() + (qi * p.Hkv + kvh) * qpack);
         } else {  // Q^T per KV head [Dk x G]: S^T = K Q^T puts the heads along the vector
+          float* qti = qt.data() + qi * p.Hkv * qpack;
           for (int64_t h = 0; h < p.Hq; ++h)
-            for (int64_t d = 0; d < p.Dk; ++d)
-              qt[((h / G) * p.Dk + d) * G + h % G] = p.q[t * p.q_st + h * p.q_sh + d];
+            for (int64_t d = 0; d < p.Dk; ++d) qti[((h / G) * p.Dk + d) * G + h % G] = qtok[h * p.q_sh + d];
         }
       }
-      const int32_t* row = p.block_table + t * p.bt_stride;
+      const int32_t* row = p.block_table + unit.b * p.bt_stride;
       // Row pointers of tokens j .. j + n - 1 (block and offset stepped, not divided, per token).
       auto fill_rows = [&](int64_t j, int64_t n, const scalar_t** kr, const scalar_t** vr) {
         int64_t b = j / p.block_size, off = j % p.block_size;
@@ -499,114 +527,124 @@ void paged_decode_impl(const PagedDecodeParams& p) {
         }
       };
       // The item's tiles: on AMX (use_amx) with P.V on V's rows in place (pv_rows) or on V packed (pack_v, pv), or
-      // on the fp32 FMA kernels.
+      // on the fp32 FMA kernels; every query token of the unit (i) has its own running state in acc_*.
       auto run = [&](bool use_amx, bool rows_v) {
         [[maybe_unused]] const bool stacked = rows_v && stack_fits;  // read in AMX builds only
-        std::fill(o, o + Hqa * p.Dv, 0.f);
-        std::fill(m, m + Hqa, kNegInf);
-        std::fill(l, l + Hqa, 0.f);
+        std::fill(acc_o.data(), acc_o.data() + nq * Hqa * p.Dv, 0.f);
+        std::fill(acc_m.begin(), acc_m.begin() + nq * Hqa, kNegInf);
+        std::fill(acc_l.begin(), acc_l.begin() + nq * Hqa, 0.f);
         if (j0 < j1) fill_rows(j0, std::min(kTile, j1 - j0), next_krows.data(), next_vrows.data());
         for (int64_t j = j0; j < j1; j += kTile) {
-          const int64_t n = std::min(kTile, j1 - j), n_next = std::clamp<int64_t>(j1 - j - n, 0, kTile);
+          const int64_t n_tile = std::min(kTile, j1 - j), n_next = std::clamp<int64_t>(j1 - j - n_tile, 0, kTile);
           krows.swap(next_krows);  // this tile's rows were filled (and prefetched) as the previous tile's next
           vrows.swap(next_vrows);
-          fill_rows(j + n, n_next, next_krows.data(), next_vrows.data());
+          fill_rows(j + n_tile, n_next, next_krows.data(), next_vrows.data());
           pf.start(reinterpret_cast<const char* const*>(next_krows.data()),
                    v_in_k ? nullptr : reinterpret_cast<const char* const*>(next_vrows.data()), n_next, kbytes,
                    vbytes);
-          for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {
-            const RowPtrs<scalar_t> k{krows.data(), kvh * p.k_sh};
-            const RowPtrs<scalar_t> v{vrows.data(), kvh * p.v_sh};
-            float* oh = o + kvh * G * p.Dv;
-            const Strided<float> pt{st.data(), 1, G};  // P = st^T, read in place
+          for (int64_t qi = 0; qi < nq; ++qi) {  // the tile's rows, read from memory for the first, from cache after
+            const int64_t t = unit.t0 + qi, n = std::clamp<int64_t>(p.seq_lens[t] - j, 0, n_tile);  // its own length
+            if (n == 0) continue;
+            float* o = acc_o.data() + qi * Hqa * p.Dv;
+            float* m = acc_m.data() + qi * Hqa;
+            float* l = acc_l.data() + qi * Hqa;
+            for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {
+              const RowPtrs<scalar_t> k{krows.data(), kvh * p.k_sh};
+              const RowPtrs<scalar_t> v{vrows.data(), kvh * p.v_sh};
+              float* oh = o + kvh * G * p.Dv;
+              const Strided<float> pt{st.data(), 1, G};  // P = st^T, read in place
 #if defined(DCP_OPS_AMX)
-            if constexpr (std::is_same_v<scalar_t, c10::BFloat16> || std::is_same_v<scalar_t, float>) {  // AMX's types
-              if (use_amx) {
-                auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
-                auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
-                float* oa = o + kvh * Ga * p.Dv;
-                amx::TileRows kt[3];  // K's tiles: the cache rows (bf16), or their three bf16 terms (fp32)
-                if constexpr (std::is_same_v<scalar_t, float>)
-                  amx::split_rows(krow, n, p.Dk, kbuf.data(), kt);
-                else
-                  kt[0] = amx::tile_rows(krow, n, p.Dk, p.k_st, kbuf.data());
-                amx::scores(n, Ga, p.Dk, kt, kterms, qb.data() + kvh * qb_size, qterms, st.data(), pf);
-                if (qterms > 1 && !all_finite(st.data(), n * Ga))
-                  exact_scores(n, G, Ga, p.Dk, krow, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, st.data());
-                softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, alpha.data(),
-                               p.q_exact_bf16 ? p.q_mult : 1.f, pf);
-                if (stacked) {  // rows h and 8 + h of O are head h's even and odd dims
-                  rescale_rows(oa, G, p.Dv / 2, p.Dv, alpha.data());
-                  rescale_rows(oa + amx::kStackedMaxHeads * p.Dv, G, p.Dv / 2, p.Dv, alpha.data());
-                } else {
-                  rescale_rows(oa, Ga, p.Dv, p.Dv, alpha.data());
-                }
-                if constexpr (std::is_same_v<scalar_t, float>) {
-                  // P's three terms against V's: the first Dv elements of K's split rows (amx32 takes v_in_k)
-                  amx::pack_p_halves(st.data(), n, Ga, 3, pbuf.data());
-                  amx::pv_rows<3, 3>(Ga, p.Dv, n, pbuf.data(), kt, oa, pf);
-                } else if (rows_v) {  // P's two terms against V's rows: K's (their first Dv elements) or their own
-                  const amx::TileRows vt = v_in_k ? kt[0] : amx::tile_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
-                  if (stacked) {
-                    amx::pack_p_stacked(st.data(), n, Ga, 2, pbuf.data());
-                    amx::pv_stacked<2>(p.Dv, n, pbuf.data(), vt, oa, pf);
+              if constexpr (std::is_same_v<scalar_t, c10::BFloat16> || std::is_same_v<scalar_t, float>) {  // AMX's
+                if (use_amx) {
+                  auto krow = [&](int64_t i) { return krows[i] + kvh * p.k_sh; };
+                  auto vrow = [&](int64_t i) { return vrows[i] + kvh * p.v_sh; };
+                  float* oa = o + kvh * Ga * p.Dv;
+                  amx::TileRows kt[3];  // K's tiles: the cache rows (bf16), or their three bf16 terms (fp32)
+                  if constexpr (std::is_same_v<scalar_t, float>)
+                    amx::split_rows(krow, n, p.Dk, kbuf.data(), kt);
+                  else
+                    kt[0] = amx::tile_rows(krow, n, p.Dk, p.k_st, kbuf.data());
+                  amx::scores(n, Ga, p.Dk, kt, kterms, qb.data() + (qi * p.Hkv + kvh) * qb_size, qterms, st.data(), pf);
+                  if (qterms > 1 && !all_finite(st.data(), n * Ga))
+                    exact_scores(n, G, Ga, p.Dk, krow, p.q + t * p.q_st + kvh * G * p.q_sh, p.q_sh, st.data());
+                  softmax_update(st.data(), Ga, n, m + kvh * Ga, l + kvh * Ga, alpha.data(),
+                                 p.q_exact_bf16 ? p.q_mult : 1.f, pf);
+                  if (stacked) {  // rows h and 8 + h of O are head h's even and odd dims
+                    rescale_rows(oa, G, p.Dv / 2, p.Dv, alpha.data());
+                    rescale_rows(oa + amx::kStackedMaxHeads * p.Dv, G, p.Dv / 2, p.Dv, alpha.data());
                   } else {
-                    amx::pack_p_halves(st.data(), n, Ga, 2, pbuf.data());
-                    amx::pv_rows<2, 1>(Ga, p.Dv, n, pbuf.data(), &vt, oa, pf);
+                    rescale_rows(oa, Ga, p.Dv, p.Dv, alpha.data());
                   }
-                } else {
-                  const int64_t np = amx::padded(n);
-                  auto* hi = reinterpret_cast<amx::bf16*>(pbuf.data());
-                  amx::pack_p(st.data(), n, Ga, np, hi, hi + Ga * np);
-                  amx::pack_v(vrow, n, np, p.Dv, vbuf.data());
-                  amx::pv(Ga, p.Dv, np, hi, hi + Ga * np, vbuf.data(), oa, pf);
+                  if constexpr (std::is_same_v<scalar_t, float>) {
+                    // P's three terms against V's: the first Dv elements of K's split rows (amx32 takes v_in_k)
+                    amx::pack_p_halves(st.data(), n, Ga, 3, pbuf.data());
+                    amx::pv_rows<3, 3>(Ga, p.Dv, n, pbuf.data(), kt, oa, pf);
+                  } else if (rows_v) {  // P's two terms against V's rows: K's (their first Dv elements) or their own
+                    const amx::TileRows vt = v_in_k ? kt[0] : amx::tile_rows(vrow, n, p.Dv, p.v_st, vbuf.data());
+                    if (stacked) {
+                      amx::pack_p_stacked(st.data(), n, Ga, 2, pbuf.data());
+                      amx::pv_stacked<2>(p.Dv, n, pbuf.data(), vt, oa, pf);
+                    } else {
+                      amx::pack_p_halves(st.data(), n, Ga, 2, pbuf.data());
+                      amx::pv_rows<2, 1>(Ga, p.Dv, n, pbuf.data(), &vt, oa, pf);
+                    }
+                  } else {
+                    const int64_t np = amx::padded(n);
+                    auto* hi = reinterpret_cast<amx::bf16*>(pbuf.data());
+                    amx::pack_p(st.data(), n, Ga, np, hi, hi + Ga * np);
+                    amx::pack_v(vrow, n, np, p.Dv, vbuf.data());
+                    amx::pv(Ga, p.Dv, np, hi, hi + Ga * np, vbuf.data(), oa, pf);
+                  }
+                  continue;
                 }
-                continue;
               }
-            }
 #endif
-            if (dp8) {
-#if defined(DCP_OPS_AVX512_BF16)
-              if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
-                gemm_dp8(n, p.Dk, k, reinterpret_cast<const c10::BFloat16*>(qp.get() + kvh * qpairs), st.data(), G, G,
-                         pf);
-#endif
-              scale_scores(st.data(), n * G, p.q_mult);
-            } else if (nt) {
-              gemm_nt(n, G, p.Dk, k, qt.data() + kvh * qpack, st.data(), G, pf);
-            } else {
-              std::fill(st.begin(), st.begin() + n * G, 0.f);
-              const Strided<float> qh{qt.data() + kvh * p.Dk * G, G, 1};
-              if (dp) {
+              if (dp8) {
 #if defined(DCP_OPS_AVX512_BF16)
                 if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
-                  gemm_dp(n, G, p.Dk, k, reinterpret_cast<const c10::BFloat16*>(qp.get() + kvh * qpairs), G, st.data(),
-                          G, pf);
+                  gemm_dp8(n, p.Dk, k, reinterpret_cast<const c10::BFloat16*>(qp.get() + (qi * p.Hkv + kvh) * qpairs),
+                           st.data(), G, G,
+                           pf);
 #endif
                 scale_scores(st.data(), n * G, p.q_mult);
-                if (convert_v && v_in_k)  // P.V reads the fp32 copy of V, K's first Dv elements (a separate V: below)
-                  for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dv, kf.get() + i * p.Dk);
-              } else if (convert) {
-                for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dk, kf.get() + i * p.Dk);
-                gemm_acc(n, G, p.Dk, Strided<float>{kf.get(), p.Dk, 1}, qh, st.data(), G, pf);
+              } else if (nt) {
+                gemm_nt(n, G, p.Dk, k, qt.data() + (qi * p.Hkv + kvh) * qpack, st.data(), G, pf);
               } else {
-                gemm_acc(n, G, p.Dk, k, qh, st.data(), G, pf);
-              }
-            }
-#if defined(CPU_CAPABILITY_AVX512)
-            if (G <= 8)
-              softmax_update8(st.data(), G, n, m + kvh * G, l + kvh * G, alpha.data());
-            else
+                std::fill(st.begin(), st.begin() + n * G, 0.f);
+                const Strided<float> qh{qt.data() + qi * p.Hkv * qpack + kvh * p.Dk * G, G, 1};
+                if (dp) {
+#if defined(DCP_OPS_AVX512_BF16)
+                  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
+                    gemm_dp(n, G, p.Dk, k,
+                            reinterpret_cast<const c10::BFloat16*>(qp.get() + (qi * p.Hkv + kvh) * qpairs), G,
+                            st.data(),
+                            G, pf);
 #endif
-              softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, alpha.data());
-            rescale_rows(oh, G, p.Dv, p.Dv, alpha.data());
-            if (convert_v && v_in_k) {
-              gemm_acc(G, p.Dv, n, pt, Strided<float>{kf.get(), p.Dk, 1}, oh, p.Dv, pf);
-            } else if (convert_v) {
-              for (int64_t i = 0; i < n; ++i) convert_row(v.row(i), p.Dv, vf.get() + i * p.Dv);
-              gemm_acc(G, p.Dv, n, pt, Strided<float>{vf.get(), p.Dv, 1}, oh, p.Dv, pf);
-            } else {
-              gemm_acc(G, p.Dv, n, pt, v, oh, p.Dv, pf);
+                  scale_scores(st.data(), n * G, p.q_mult);
+                  if (convert_v && v_in_k)  // P.V reads the fp32 copy of V, K's first Dv elements (a separate V: below)
+                    for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dv, kf.get() + i * p.Dk);
+                } else if (convert) {
+                  for (int64_t i = 0; i < n; ++i) convert_row(k.row(i), p.Dk, kf.get() + i * p.Dk);
+                  gemm_acc(n, G, p.Dk, Strided<float>{kf.get(), p.Dk, 1}, qh, st.data(), G, pf);
+                } else {
+                  gemm_acc(n, G, p.Dk, k, qh, st.data(), G, pf);
+                }
+              }
+#if defined(CPU_CAPABILITY_AVX512)
+              if (G <= 8)
+                softmax_update8(st.data(), G, n, m + kvh * G, l + kvh * G, alpha.data());
+              else
+#endif
+                softmax_update(st.data(), G, n, m + kvh * G, l + kvh * G, alpha.data());
+              rescale_rows(oh, G, p.Dv, p.Dv, alpha.data());
+              if (convert_v && v_in_k) {
+                gemm_acc(G, p.Dv, n, pt, Strided<float>{kf.get(), p.Dk, 1}, oh, p.Dv, pf);
+              } else if (convert_v) {
+                for (int64_t i = 0; i < n; ++i) convert_row(v.row(i), p.Dv, vf.get() + i * p.Dv);
+                gemm_acc(G, p.Dv, n, pt, Strided<float>{vf.get(), p.Dv, 1}, oh, p.Dv, pf);
+              } else {
+                gemm_acc(G, p.Dv, n, pt, v, oh, p.Dv, pf);
+              }
             }
           }
           pf.finish();
@@ -619,21 +657,27 @@ void paged_decode_impl(const PagedDecodeParams& p) {
       // never take this second pass.
       bool rows_v = v_rows;
       run(amx, rows_v);
-      if (rows_v && !all_finite(o, Hqa * p.Dv)) run(amx && !amx32, rows_v = false);
-      for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {  // the first G of each KV head's Ga heads
-        float* dst = part_o.get() + (item * p.Hq + kvh * G) * p.Dv;
+      if (rows_v && !all_finite(acc_o.data(), nq * Hqa * p.Dv)) run(amx && !amx32, rows_v = false);
+      for (int64_t qi = 0; qi < nq; ++qi) {
+        for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {  // the first G of each KV head's Ga heads
+          const int64_t item = (unit.t0 + qi) * nsplit + split;  // the partials' index: (query token, split)
+          const float* o = acc_o.data() + qi * Hqa * p.Dv;
+          const float* m = acc_m.data() + qi * Hqa;
+          const float* l = acc_l.data() + qi * Hqa;
+          float* dst = part_o.get() + (item * p.Hq + kvh * G) * p.Dv;
 #if defined(DCP_OPS_AMX)
-        if (rows_v) {  // odd dims 16 columns on (pv_rows) or 8 rows down (pv_stacked)
-          const int64_t odd = stack_fits ? amx::kStackedMaxHeads * p.Dv : 16, step = stack_fits ? 16 : 32;
-          for (int64_t g = 0; g < G; ++g) {
-            const float* even = o + (kvh * Ga + g) * p.Dv;
-            amx::interleave_row(even, even + odd, step, p.Dv, dst + g * p.Dv);
-          }
-        } else
+          if (rows_v) {  // odd dims 16 columns on (pv_rows) or 8 rows down (pv_stacked)
+            const int64_t odd = stack_fits ? amx::kStackedMaxHeads * p.Dv : 16, step = stack_fits ? 16 : 32;
+            for (int64_t g = 0; g < G; ++g) {
+              const float* even = o + (kvh * Ga + g) * p.Dv;
+              amx::interleave_row(even, even + odd, step, p.Dv, dst + g * p.Dv);
+            }
+          } else
 #endif
-          std::copy(o + kvh * Ga * p.Dv, o + (kvh * Ga + G) * p.Dv, dst);
-        std::copy(m + kvh * Ga, m + kvh * Ga + G, part_m.get() + item * p.Hq + kvh * G);
-        std::copy(l + kvh * Ga, l + kvh * Ga + G, part_l.get() + item * p.Hq + kvh * G);
+            std::copy(o + kvh * Ga * p.Dv, o + (kvh * Ga + G) * p.Dv, dst);
+          std::copy(m + kvh * Ga, m + kvh * Ga + G, part_m.get() + item * p.Hq + kvh * G);
+          std::copy(l + kvh * Ga, l + kvh * Ga + G, part_l.get() + item * p.Hq + kvh * G);
+        }
       }
     }
   });
@@ -690,18 +734,25 @@ void store_row(void* out, at::ScalarType dtype, int64_t offset, const float* src
   }
 }
 
-void check_paged_indices(const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t num_blocks,
-                         int64_t block_size, const char* op) {
+void check_paged_indices(const at::Tensor& block_table, const at::Tensor& seq_lens,
+                         const std::optional<at::Tensor>& cu_seqlens_q, int64_t num_blocks, int64_t block_size,
+                         const char* op) {
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* bt = block_table.data_ptr<int32_t>();
+  const int32_t* cu = cu_seqlens_q.has_value() ? cu_seqlens_q->data_ptr<int32_t>() : nullptr;
   const int64_t bt_stride = block_table.stride(0), max_blocks = block_table.size(1);
-  for (int64_t t = 0; t < seq_lens.size(0); ++t) {
-    const int64_t len = lens[t];
-    DCP_CHECK(len >= 0 && len <= max_blocks * block_size, op, "seq_lens[", t, "] = ", len,
-              " must be in [0, max_blocks * block_size = ", max_blocks * block_size, "]");
-    for (int64_t b = 0; b < ceil_div(len, block_size); ++b) {
-      const int64_t id = bt[t * bt_stride + b];
-      DCP_CHECK(id >= 0 && id < num_blocks, op, "block_table[", t, ", ", b, "] = ", id,
+  const int64_t rows = cu ? block_table.size(0) : seq_lens.size(0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t longest = 0;  // of the row's query tokens
+    for (int64_t t = cu ? cu[r] : r; t < (cu ? cu[r + 1] : r + 1); ++t) {
+      const int64_t len = lens[t];
+      DCP_CHECK(len >= 0 && len <= max_blocks * block_size, op, "seq_lens[", t, "] = ", len,
+                " must be in [0, max_blocks * block_size = ", max_blocks * block_size, "]");
+      longest = std::max(longest, len);
+    }
+    for (int64_t b = 0; b < ceil_div(longest, block_size); ++b) {
+      const int64_t id = bt[r * bt_stride + b];
+      DCP_CHECK(id >= 0 && id < num_blocks, op, "block_table[", r, ", ", b, "] = ", id,
                 " is outside the cache's [0, num_blocks = ", num_blocks, ")");
     }
   }

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace dcp_ops::cpu {
 
@@ -18,19 +19,23 @@ struct PagedDecodeParams {
   const void* v;
   int64_t v_sb, v_st, v_sh;
   int64_t T, Hq, Hkv, Dk, Dv;
-  const int32_t* block_table;
+  const int32_t* block_table;  // [B, max_blocks]: row b is sequence b's
   int64_t bt_stride;
   int64_t block_size;
-  const int32_t* seq_lens;
+  const int32_t* seq_lens;       // [T]: each query token's length
+  const int32_t* cu_seqlens_q;   // [B + 1]: sequence b's query tokens are cu[b] .. cu[b+1]-1; null: token b (T = B)
+  int64_t B;
   void* out;  // [T, Hq, Dv] contiguous, of out_dtype (fp32, or the query's type), normalised, times out_mult
   float out_mult;  // 1, or an FP8 cache's V scale
   at::ScalarType out_dtype;
   float* lse;  // [T, Hq] fp32, natural log; -inf for an empty sequence
 };
 
-// Reads every (token, block) entry the kernel will touch and fails on an index outside the cache or table.
-void check_paged_indices(const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t num_blocks,
-                         int64_t block_size, const char* op);
+// Reads every (query token, block) entry the kernel will touch and fails on an index outside the cache or table;
+// with cu_seqlens_q (checked by the validators) query token t reads the block-table row of its sequence.
+void check_paged_indices(const at::Tensor& block_table, const at::Tensor& seq_lens,
+                         const std::optional<at::Tensor>& cu_seqlens_q, int64_t num_blocks, int64_t block_size,
+                         const char* op);
 
 // cache_dtype: the query's type (fp32, bf16, fp16), or float8_e4m3fn, whose rows are converted to fp32 in registers
 // (exact) and computed as an fp32 cache's; its scales are folded into q_mult and out_mult by the caller.
