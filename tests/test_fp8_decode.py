@@ -289,3 +289,31 @@ def test_mla_fp8_multi_token_tiled_cuda_source(simt_ops):
     out, lse = simt_ops.mla_decode_partial(*margs, cu_seqlens_q=cu, **scales)
     assert_decode(out, lse, ref.mla_decode_partial, margs, torch.bfloat16, "native", "simt tiled mla fp8 MTP",
                   cu_seqlens_q=cu, **scales)
+
+
+# Non-finite values through fp8 caches (docs/design.md §2): e4m3fn has NaN but no infinities, so the poisons that
+# apply are a NaN key (stored as 0x7F) and a NaN or +inf query; the result must match the reference's non-finite
+# pattern exactly, on the CPU and the CUDA sources (GQA d64 with a 16-bit query: the mma.sync kernel; MLA 512 + 64
+# native: the tiled kernel).
+def _fp8_poisons():
+    from test_nonfinite import POISONS
+    return [p for p in POISONS if p[0] in ("NaN in the query", "NaN in an attended key", "+inf in the query")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("what,poison", _fp8_poisons(), ids=[p[0] for p in _fp8_poisons()])
+def test_fp8_nonfinite(simt_ops, dtype, what, poison):
+    from test_nonfinite import assert_same_nonfinite, gqa_case as nf_gqa, mla_case as nf_mla
+    one = scale_of(1.0)
+    q, k, v, table, lens, scale = nf_gqa(torch.float32, poison)
+    args = (q.to(dtype), k.to(FP8), v.to(FP8), table, lens, scale)
+    r_out, r_lse = ref.gqa_decode_partial(*args, k_scale=one, v_scale=one)
+    for name, ops in (("cpu", dcp_ops.ops._ops), ("cuda source", simt_ops)):
+        out, lse = ops.gqa_decode_partial(*args, k_scale=one, v_scale=one)
+        assert_same_nonfinite(out, lse, r_out, r_lse, dtype, f"gqa fp8 {name}: {what}", loose=dtype != torch.float32)
+    q_nope, q_pe, kv, table, lens, scale, _ = nf_mla(torch.float32, poison, heads=16, latent=512)
+    args = (q_nope.to(dtype), q_pe.to(dtype), kv.to(FP8), table, lens, scale)
+    r_out, r_lse = ref.mla_decode_partial(*args, kv_scale=one)
+    for name, ops in (("cpu", dcp_ops.ops._ops), ("cuda source", simt_ops)):
+        out, lse = ops.mla_decode_partial(*args, kv_scale=one)
+        assert_same_nonfinite(out, lse, r_out, r_lse, dtype, f"mla fp8 {name}: {what}", loose=dtype != torch.float32)
