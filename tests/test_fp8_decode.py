@@ -317,3 +317,19 @@ def test_fp8_nonfinite(simt_ops, dtype, what, poison):
     for name, ops in (("cpu", dcp_ops.ops._ops), ("cuda source", simt_ops)):
         out, lse = ops.mla_decode_partial(*args, kv_scale=one)
         assert_same_nonfinite(out, lse, r_out, r_lse, dtype, f"mla fp8 {name}: {what}", loose=dtype != torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gqa_fp8_multi_token_cuda_source(simt_ops, dtype):
+    """GQA on an fp8 cache with 5 and 2 query tokens of 3 heads per KV head (bf16: the mma.sync kernel's 16-row tiles,
+    which the rows straddle; fp32: the SIMT kernel), each causal at its own length."""
+    gen = torch.Generator().manual_seed(12)
+    args, scales = gqa_case([70, 33], 16, 6, 2, 64, dtype, gen)
+    q = randn(7, 6, 64, dtype=dtype, gen=gen)
+    cu = torch.tensor([0, 5, 7], dtype=torch.int32)
+    lens = torch.tensor([66, 67, 68, 69, 70, 32, 33], dtype=torch.int32)
+    margs = (q, args[1], args[2], args[3], lens, args[5])
+    for precision in ("native", "fp32"):
+        out, lse = simt_ops.gqa_decode_partial(*margs, precision=precision, cu_seqlens_q=cu, **scales)
+        assert_decode(out, lse, ref.gqa_decode_partial, margs, dtype, precision, f"simt gqa fp8 MTP {dtype}",
+                      cu_seqlens_q=cu, **scales)
