@@ -92,6 +92,9 @@ def _paged(draw, entry, dtype):
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 BAD_SCALARS = [0.0, -1.0, math.nan, math.inf, 1e-30, 1e30]
+SCALES = [lambda: torch.tensor([0.5]), lambda: torch.tensor(2.0), lambda: None, lambda: torch.ones(2),  # fp8 scales
+          lambda: torch.ones(1, dtype=torch.float64), lambda: torch.tensor([math.nan]), lambda: torch.zeros(1),
+          lambda: torch.ones(1, 1), lambda: torch.ones(1, dtype=I32)]
 
 
 @st.composite
@@ -164,6 +167,14 @@ def cases(draw):
     elif mut == "rank" and op == "correct_partial":
         args[2] = draw(st.sampled_from([-5, 10**9]))
     kwargs = {}
+    if op.endswith("decode_partial") and draw(st.booleans()):  # an fp8 cache (or not) and scales: valid, or refused
+        caches = [1, 2] if op == "gqa_decode_partial" else [2]
+        if draw(st.booleans()):
+            for j in caches:
+                if args[j].is_floating_point():
+                    args[j] = args[j].float().to(torch.float8_e4m3fn)
+        for name in (["k_scale", "v_scale"] if op == "gqa_decode_partial" else ["kv_scale"]):
+            kwargs[name] = draw(st.sampled_from(SCALES))()
     if op.endswith("decode_partial"):  # the keyword arguments: valid, refused, or inconsistent with the batch
         if draw(st.booleans()):
             kwargs["precision"] = draw(st.sampled_from(["native", "fp32", "bf16", ""]))
