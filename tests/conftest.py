@@ -83,3 +83,11 @@ def simt_ops():
          extra_include_paths=[os.path.join(root, "csrc"), os.path.join(root, "tests", "simt")],
          extra_cflags=["-O1", "-DDCP_SIMT", "-mf16c"], build_directory=build, is_python_module=False, verbose=False)
     return torch.ops.dcp_ops_simt
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that runs the CUDA sources (it takes the simt_ops fixture) carries the simt marker, so that
+    `pytest -m simt` selects them all."""
+    for item in items:
+        if "simt_ops" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.simt)
