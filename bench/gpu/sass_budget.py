@@ -58,10 +58,10 @@ def geometry(name: str) -> Optional[dict]:
         dl, dr, bn = args
         return dict(op="mla", dtype=dtype, cache="e4m3" if "Lb1E" in name else dtype, dims=f"{dl}+{dr}",
                     precision="native", warps=8, token_heads=bn * 64, macs=2 * dl + dr)
-    if "mla_mma_kernel" in name:  # <T, DL, DR>: DL / 64 warps, 16 heads x 16 tokens, 3 query terms, P in 2
+    if "mla_mma_kernel" in name:  # <T, DL, DR> (and _fp8): DL / 64 warps, 16 heads x 16 tokens, 3 query terms, P in 2
         dl, dr = args
-        return dict(op="mla", dtype=dtype, cache=dtype, dims=f"{dl}+{dr}", precision="fp32", warps=dl // 64,
-                    token_heads=256, macs=2 * dl + dr)
+        return dict(op="mla", dtype=dtype, cache="e4m3" if "mla_mma_kernel_fp8" in name else dtype,
+                    dims=f"{dl}+{dr}", precision="fp32", warps=dl // 64, token_heads=256, macs=2 * dl + dr)
     if "gqa_mma_kernel" in name:  # <T, D, GT, PT, F8>: 4 warps, each its own 16 tokens x GT heads
         d, gt, pt = args
         return dict(op="gqa", dtype=dtype, cache="e4m3" if "Lb1E" in name else dtype, dims=f"{d}",

@@ -5,9 +5,9 @@
 //     memory holds its tiles (sm_80, sm_90, sm_100), on a cache of the query's type or an FP8 one (converted to it in
 //     shared memory); elsewhere (sm_86, sm_89) the "fp32" kernel (16-bit caches), whose results are within the native
 //     bound too;
-//   - precision "fp32": mla_decode_mma.cuh on the fp32 scaled query (16-bit caches);
+//   - precision "fp32": mla_decode_mma.cuh on the fp32 scaled query (on the query's type or FP8 caches);
 // else the SIMT kernel of mla_decode.cuh. An FP8 cache's scale is read on the device: applied to the scores (the
-// SIMT kernel: to its query) and to the merged output. The splits come from the split plan, made on the device from
+// fp32-query kernels: to their query) and to the merged output. The splits come from the split plan, made on the device from
 // seq_lens (split_plan.cuh): no host synchronisation.
 #include "cuda/launch.h"
 #include "kernels/head_project.cuh"
@@ -61,8 +61,7 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
                                                    static_cast<int>(es), kernels::smem_optin_bytes())
                        : 0;
   // query rows (query token, head) per block: 64 tiled, 16 on mma.sync, 4 SIMT
-  const bool mma =
-      kernels::mla_on_tensor_cores(static_cast<int>(kv_cache.element_size()), static_cast<int>(latent), has_mma_sync());
+  const bool mma = kernels::mla_on_tensor_cores(static_cast<int>(es), static_cast<int>(latent), has_mma_sync());
   const int R = bn > 0 ? kernels::kMlaRows : mma ? 16 : kernels::kMlaHeads;
   const int64_t B = cu_seqlens_q.has_value() ? block_table.size(0) : d.T;
   const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, B, d.max_blocks * d.block_size, bn > 0 ? bn : 64,
@@ -107,10 +106,8 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
       if (e == cudaSuccess && rope > 0)
         e = project<scalar_t, scalar_t, float>(q_pe, std::nullopt, qp + latent, d.Hq * DK, DK, rope, scale_log2);
       if (e == cudaSuccess)
-        e = d.fp8 ? kernels::mla_split<kernels::fp8_e4m3>(p, static_cast<int>(latent), static_cast<int>(rope),
-                                                           current_stream())
-                  : kernels::mla_split_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope),
-                                                      current_stream(), has_mma_sync());
+        e = kernels::mla_split_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope), current_stream(),
+                                              has_mma_sync(), d.fp8);
     }
     if (!w_uv.has_value()) return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
     if (e == cudaSuccess) e = kernels::merge<float, float>(m, current_stream());

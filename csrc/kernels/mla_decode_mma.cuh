@@ -13,6 +13,10 @@
 // 4 chunks per quarter-warp) and the value reads (4 rows x 2 chunks) on distinct banks. Tokens past the split, past
 // seq_len, or in blocks outside the cache are never read (zeros) and get P = 0. Writes the normalised fp32 partial
 // and natural LSE of each split, as mla_split_kernel does.
+// An FP8 cache (F8; T the query's 16-bit type): the e4m3 rows go by cp.async into two raw stages (half the bytes),
+// and each step's rows, once in, are converted exactly to T into one 16-bit stage that the products read as above
+// (one more barrier a step; the same shared memory); the cache's scale multiplies the summed scores (not the query
+// before its split: a small scale would push fp16's lower terms below its normal range).
 #pragma once
 
 #include "kernels/cp_async.cuh"
@@ -24,13 +28,15 @@ namespace dcp_ops::kernels {
 __device__ __forceinline__ int mla_swizzle(int r) { return (((r >> 1) & 3) << 1) ^ ((r & 1) << 2); }
 
 template <int NW, int DK, typename T>
-constexpr int mla_mma_smem_bytes() {  // partial scores, row offsets of 3 steps, two stages of 16 rows
+constexpr int mla_mma_smem_bytes() {  // partial scores, row offsets of 3 steps, two stages of 16 rows (F8: one, and
+                                      // two raw e4m3 stages of half the bytes)
   return NW * 2 * 32 * 4 * 4 + 3 * 16 * 8 + 2 * 16 * DK * static_cast<int>(sizeof(T));
 }
 
-template <typename T, int DL, int DR>
-__global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
+template <typename T, int DL, int DR, bool F8>
+__device__ __forceinline__ void mla_mma_body(const MlaParams& p) {
   constexpr int NW = DL / 64, DK = DL + DR, CH = DK / 8;  // warps; a row: CH chunks of 8 elements (16 bytes)
+  constexpr int CH8 = DK / 16;                            // F8: 16-byte chunks of an e4m3 row
   constexpr int CG = DK / 32, CGW = (CG + NW - 1) / NW;  // key chunk groups of 32 dims; per warp at most
   static_assert(DL % 256 == 0 && DR % 64 == 0, "latent a multiple of 256, rope of 64");
   const int item = blockIdx.x;
@@ -41,7 +47,8 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
   DCP_DYNAMIC_SMEM(float, smem);
   float* part = smem;                                            // [warps][2][32][4] partial scores
   int64_t* rowoff = reinterpret_cast<int64_t*>(part + NW * 256);  // [3][16]: a row's element offset in kv, or -1
-  T* rows = reinterpret_cast<T*>(rowoff + 3 * 16);               // [2][16][DK], swizzled
+  T* rows = reinterpret_cast<T*>(rowoff + 3 * 16);               // [2][16][DK], swizzled (F8: [16][DK])
+  unsigned char* raw = reinterpret_cast<unsigned char*>(rows + (F8 ? 16 : 0) * DK);  // F8: [2][16][DK] e4m3
 
   // Query fragments (3 terms) of this warp's chunk groups; register r4 is row g + 8 (r4 & 1), dims + 2 (r4 >> 1).
   uint32_t qa[CGW][2][3][4];
@@ -72,11 +79,33 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
                                               : -1;
   };
   auto issue = [&](int buf, int stage) {  // cp.async of the rows whose offsets are in rowoff[buf] into `stage`
+    if constexpr (F8) {  // (offsets count elements, which are bytes here)
+      const unsigned char* src = static_cast<const unsigned char*>(p.kv);
+      for (int i = threadIdx.x; i < 16 * CH8; i += 32 * NW) {
+        const int r = i / CH8, c = i % CH8;
+        const int64_t off = rowoff[buf * 16 + r];
+        cp_async16(raw + (stage * 16 + r) * DK + 16 * c, src + (off >= 0 ? off + 16 * c : 0), off >= 0);
+      }
+    } else {
+      for (int i = threadIdx.x; i < 16 * CH; i += 32 * NW) {
+        const int r = i / CH, c = i % CH;
+        const int64_t off = rowoff[buf * 16 + r];
+        cp_async16(rows + (stage * 16 + r) * DK + 8 * (c ^ mla_swizzle(r)), kv + (off >= 0 ? off + 8 * c : 0),
+                   off >= 0);
+      }
+    }
+  };
+  // F8: raw stage `stage` converted to T into the 16-bit rows, 8 e4m3 bytes c of a row becoming its 16-bit chunk c
+  // (swizzled as issue() places a 16-bit cache's); 8 bytes at a time keeps few registers live beside the fragments
+  auto convert = [&](int stage) {
     for (int i = threadIdx.x; i < 16 * CH; i += 32 * NW) {
       const int r = i / CH, c = i % CH;
-      const int64_t off = rowoff[buf * 16 + r];
-      cp_async16(rows + (stage * 16 + r) * DK + 8 * (c ^ mla_swizzle(r)), kv + (off >= 0 ? off + 8 * c : 0),
-                 off >= 0);
+      const Pack<unsigned short, 4> x =
+          *reinterpret_cast<const Pack<unsigned short, 4>*>(raw + (stage * 16 + r) * DK + 8 * c);
+      Pairs4 w;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w.v[e] = e4m3x2_to<T>(x.v[e]);
+      *reinterpret_cast<Pairs4*>(rows + r * DK + 8 * (c ^ mla_swizzle(r))) = w;
     }
   };
 
@@ -102,7 +131,11 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();  // this step's rows are in
-    const T* R = rows + stage * 16 * DK;
+    if constexpr (F8) {
+      convert(stage);
+      __syncthreads();  // ... and converted
+    }
+    const T* R = rows + (F8 ? 0 : stage) * 16 * DK;
     float sc[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {  // keys: row 8 n + g, chunks 4 cg + t
@@ -134,6 +167,8 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
       }
     }
     __syncthreads();  // every warp's partial scores are in
+    const float ks = F8 ? *p.k_scale : 1.f;  // an FP8 cache's scale, into the summed scores (read here: no register
+                                             // held across the step loop)
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -141,7 +176,7 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
         float x = 0.f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) x += part[((w * 2 + n) * 32 + lane) * 4 + i];
-        sc[n][i] = x;
+        sc[n][i] = x * ks;
       }
     // online softmax of rows g, g + 8 (scores already in log2 units), tokens 8u + 2t + e
     uint32_t ph[4], pl[4];
@@ -197,32 +232,50 @@ __global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
 }
 
 template <typename T, int DL, int DR>
+__global__ void __launch_bounds__(DL / 2) mla_mma_kernel(MlaParams p) {
+  mla_mma_body<T, DL, DR, false>(p);
+}
+
+// On an fp8 cache the conversion's registers, beside the fragments, spilled under the 16-bit kernel's bound (latent
+// 256: 168 registers, 8 bytes spilled, sm_80 and sm_90a); one block per SM lets it take what it needs.
+template <typename T, int DL, int DR>
+__global__ void __launch_bounds__(DL / 2, 1) mla_mma_kernel_fp8(MlaParams p) {
+  mla_mma_body<T, DL, DR, true>(p);
+}
+
+template <typename T, int DL, int DR, bool F8>
 cudaError_t mla_mma_launch(const MlaParams& p, cudaStream_t stream) {
   const dim3 grid(p.items);  // one block per work item
-  auto kernel = mla_mma_kernel<T, DL, DR>;
+  auto kernel = F8 ? mla_mma_kernel_fp8<T, DL, DR> : mla_mma_kernel<T, DL, DR>;
   const int smem = mla_mma_smem_bytes<DL / 64, DL + DR, T>();
   DCP_LAUNCH(kernel, grid, dim3(DL / 2), smem, stream, p);
   return cudaGetLastError();
 }
 
-// The split pass of mla_decode_partial: on tensor cores for 16-bit caches with latent 256 or 512 when the device has
-// them (sm_80 and later), else the SIMT kernel of mla_decode.cuh.
-// Whether mla_split_pass runs the tensor-core kernel (16 query rows a block): 16-bit caches, latent 256 or 512, a
-// device with mma.sync.
-inline bool mla_on_tensor_cores(int elem_size, int latent, bool tensor_cores) {
-  return tensor_cores && elem_size == 2 && (latent == 256 || latent == 512);
+// Whether mla_split_pass runs the tensor-core kernel (16 query rows a block): 16-bit queries (on caches of their type
+// or fp8 ones), latent 256 or 512, a device with mma.sync.
+inline bool mla_on_tensor_cores(int q_elem_size, int latent, bool tensor_cores) {
+  return tensor_cores && q_elem_size == 2 && (latent == 256 || latent == 512);
 }
 
+template <typename T, bool F8>
+cudaError_t mla_mma_dispatch(const MlaParams& p, int latent, int rope, cudaStream_t stream) {
+  if (latent == 512)
+    return rope == 64 ? mla_mma_launch<T, 512, 64, F8>(p, stream) : mla_mma_launch<T, 512, 0, F8>(p, stream);
+  return rope == 64 ? mla_mma_launch<T, 256, 64, F8>(p, stream) : mla_mma_launch<T, 256, 0, F8>(p, stream);
+}
+
+// The split pass of mla_decode_partial on the fp32 scaled query, for a query of type T on a cache of T or (fp8)
+// float8_e4m3fn: on tensor cores where mla_on_tensor_cores says so, else the SIMT kernel of mla_decode.cuh.
 template <typename T>
-cudaError_t mla_split_pass(const MlaParams& p, int latent, int rope, cudaStream_t stream, bool tensor_cores) {
+cudaError_t mla_split_pass(const MlaParams& p, int latent, int rope, cudaStream_t stream, bool tensor_cores,
+                           bool fp8) {
   if constexpr (sizeof(T) == 2) {
-    if (mla_on_tensor_cores(sizeof(T), latent, tensor_cores)) {
-      if (latent == 512)
-        return rope == 64 ? mla_mma_launch<T, 512, 64>(p, stream) : mla_mma_launch<T, 512, 0>(p, stream);
-      return rope == 64 ? mla_mma_launch<T, 256, 64>(p, stream) : mla_mma_launch<T, 256, 0>(p, stream);
-    }
+    if (mla_on_tensor_cores(sizeof(T), latent, tensor_cores))
+      return fp8 ? mla_mma_dispatch<T, true>(p, latent, rope, stream)
+                 : mla_mma_dispatch<T, false>(p, latent, rope, stream);
   }
-  return mla_split<T>(p, latent, rope, stream);
+  return fp8 ? mla_split<fp8_e4m3>(p, latent, rope, stream) : mla_split<T>(p, latent, rope, stream);
 }
 
 }  // namespace dcp_ops::kernels
