@@ -241,7 +241,8 @@ def fp8_rows(ceil, B=16, L=32768):
     """FP8 e4m3 caches (bf16 queries, per-tensor scales) next to the bf16 rows: GQA 64q/8kv d128 and MLA 128h 512 + 64,
     the KV bytes being half the bf16 rows'. Against torch's bmm on the dequantized gathered pages."""
     rows = []
-    k_scale = torch.tensor([0.02], device="cuda")
+    ks = 0.02  # the per-tensor scale of both caches (K and V alike), as a tensor for the op and a float for torch
+    k_scale = torch.tensor([ks], device="cuda")
     Hq, Hkv, D, bs = 64, 8, 128, 16
     kv_bytes = 2 * B * L * Hkv * D
     sets = []
@@ -254,7 +255,7 @@ def fp8_rows(ceil, B=16, L=32768):
     ms = cuda_time(lambda q, k, v, t, s: dcp_ops.gqa_decode_partial(q, k, v, t, s, scale, k_scale=k_scale,
                                                                     v_scale=k_scale), sets)
     ours = dcp_ops.gqa_decode_partial(*sets[0], scale, k_scale=k_scale, v_scale=k_scale)[0]
-    base = torch_ms(dict(bmm=lambda q, k, v, t, s: tb.gqa_bmm(q, k, v, t, L, scale * 0.02, torch.bfloat16) * 0.02),
+    base = torch_ms(dict(bmm=lambda q, k, v, t, s: tb.gqa_bmm(q, k, v, t, L, scale * ks, torch.bfloat16) * ks),
                     sets, ours)
     rows.append(row("gqa_decode_partial 64q/8kv fp8 e4m3", torch.bfloat16, B, L, ms, kv_bytes, 4 * B * L * Hq * D,
                     ceil, base))
@@ -269,8 +270,8 @@ def fp8_rows(ceil, B=16, L=32768):
     scale = (128 + rope) ** -0.5
     ms = cuda_time(lambda *a: dcp_ops.mla_decode_partial(*a, scale, kv_scale=k_scale), sets)
     ours = dcp_ops.mla_decode_partial(*sets[0], scale, kv_scale=k_scale)[0]
-    base = torch_ms(dict(bmm=lambda qn, qp, c, t, s: tb.mla_bmm(qn, qp, c, t, L, scale * 0.02, None,
-                                                                torch.bfloat16) * 0.02), sets, ours)
+    base = torch_ms(dict(bmm=lambda qn, qp, c, t, s: tb.mla_bmm(qn, qp, c, t, L, scale * ks, None,
+                                                                torch.bfloat16) * ks), sets, ours)
     rows.append(row("mla_decode_partial 128h fp8 e4m3", torch.bfloat16, B, L, ms, kv_bytes,
                     2 * B * H * L * (2 * latent + rope), ceil, base))
     return rows
