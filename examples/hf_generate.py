@@ -213,6 +213,13 @@ def _worker(rank: int, world: int, init_file: Optional[str], args, results) -> N
                 results.append({k: v for k, v in res.items() if k not in ("logits", "tokens", "prompt")})
     dist.barrier()
     dist.destroy_process_group()
+    if init_file is not None:
+        # A spawned rank leaves without the interpreter's finalization, where gloo's threads now and then abort the
+        # process ("terminate called without an active exception", SIGABRT after the work is done; the class of
+        # exit crash of pytorch/pytorch#179291). Its results went to the parent through `results` already.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def main(argv=None) -> int:
