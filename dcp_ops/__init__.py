@@ -5,30 +5,7 @@ own tokens and the partial results are merged exactly by their log-sum-exp. See 
 """
 import torch
 
-from . import _C  # noqa: F401  (loads the native library: registers torch.ops.dcp_ops)
-
-_ISA_NEEDS = {"amx": ("AVX512",), "avx512bf16": ("AVX512",), "avx512": ("AVX512",), "avx2": ("AVX2", "AVX512")}
-
-
-def _isa_missing(isa: str) -> str:
-    """What this CPU (and OS) lacks of the instruction set dcp_ops was built for; empty when nothing."""
-    if isa not in _ISA_NEEDS:
-        return ""
-    if torch.backends.cpu.get_cpu_capability() not in _ISA_NEEDS[isa]:
-        return f"this CPU reports {torch.backends.cpu.get_cpu_capability()}"
-    if isa in ("avx512bf16", "amx") and not torch.cpu._is_avx512_bf16_supported():
-        return "this CPU lacks AVX512_BF16"
-    if isa == "amx" and not torch.cpu._is_amx_tile_supported():
-        return "this CPU lacks AMX"
-    if isa == "amx" and not torch.cpu._init_amx():  # Linux grants the AMX tile state per process, on request
-        return "Linux refused this process the AMX tile state"
-    return ""
-
-
-_missing = _isa_missing(_C.cpu_isa)
-if _missing:
-    raise ImportError(f"dcp_ops was built for the {_C.cpu_isa} CPU instruction set but {_missing}; "
-                      "rebuild with DCP_OPS_CPU_ISA=default (or the CPU's ISA)")
+from . import _C  # noqa: F401  (loads the native library: registers torch.ops.dcp_ops, picks the CPU kernels' ISA level)
 
 from . import reference  # noqa: E402,F401
 from .distributed import GQAShard, MLAShard, Workspace, dcp_attention, exchange_bytes, gather_heads, merge_across  # noqa: E402

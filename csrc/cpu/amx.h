@@ -22,12 +22,12 @@
 //             where the packing is shared by all their tiles.
 #pragma once
 
+#include "cpu/level.h"
+
 #if defined(DCP_OPS_AMX)
 
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -35,22 +35,16 @@
 #include <utility>
 
 #include "cpu/avx512.h"
+#include "cpu_levels.h"
 
-namespace dcp_ops::cpu::amx {
+namespace dcp_ops::cpu {
+inline namespace DCP_OPS_CPU_LEVEL {  // this ISA level's copy (cpu/level.h)
+namespace amx {
 
 using bf16 = c10::BFloat16;
 
 constexpr int64_t kRows = 16;  // tile rows (tokens of an A tile of K; heads of an A tile of P)
 constexpr int64_t kPair = 32;  // bf16 elements of an A tile row: the K extent of one TDPBF16PS
-
-// Asks Linux for the AMX tile state (once per process); false where the kernel refuses it.
-inline bool request_permission() {
-  static const bool granted = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return granted;
-}
 
 // Whether these kernels take a problem: K and V row widths multiples of 32. Any number of heads per KV head: the score
 // tiles of fewer than 16 leave columns idle, yet at 32K tokens, batch 1 and 16, d128, they ran faster than the
@@ -134,9 +128,10 @@ inline int64_t q_size(int64_t G, int64_t Dk) { return Dk * G; }
 inline void split(__m512 x, int terms, __m256i* t) {
   for (int s = 0; s < terms; ++s) {
     t[s] = (__m256i)_mm512_cvtneps_pbh(x);
-    if (s + 1 < terms)
+    if (s + 1 < terms) {
       const __m512i wide = _mm512_maskz_cvtepu16_epi32(kAll16, t[s]);
       x = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll16, wide, 16)));  // t[s] as fp32
+    }
   }
 }
 
@@ -620,6 +615,8 @@ inline void pv(int64_t G, int64_t Dv, int64_t np, const bf16* hi, const bf16* lo
   }
 }
 
-}  // namespace dcp_ops::cpu::amx
+}  // namespace amx
+}  // namespace DCP_OPS_CPU_LEVEL
+}  // namespace dcp_ops::cpu
 
 #endif  // DCP_OPS_AMX

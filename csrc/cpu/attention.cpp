@@ -9,11 +9,13 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/level.h"
 #include "cpu/gemm.h"
 #include "cpu/paged_decode.h"
 #include "ops.h"
 
-namespace dcp_ops {
+namespace dcp_ops::cpu {
+inline namespace DCP_OPS_CPU_LEVEL {  // this ISA level's copy (cpu/level.h)
 
 namespace {
 constexpr double kLog2e = 1.4426950408889634;
@@ -178,4 +180,5 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cpu(const Tensor& q_nope, const Te
   return {out, lse};
 }
 
-}  // namespace dcp_ops
+}  // namespace DCP_OPS_CPU_LEVEL
+}  // namespace dcp_ops::cpu

@@ -5,11 +5,15 @@
 // these masks.
 #pragma once
 
+#include "cpu/level.h"
+
 #include <immintrin.h>
 
 namespace dcp_ops::cpu {
+inline namespace DCP_OPS_CPU_LEVEL {  // this ISA level's copy (cpu/level.h)
 #if defined(__AVX512F__)
 constexpr __mmask16 kAll16 = 0xFFFF;
 constexpr __mmask8 kAll8 = 0xFF;
 #endif
+}  // namespace DCP_OPS_CPU_LEVEL
 }  // namespace dcp_ops::cpu

@@ -4,6 +4,8 @@
 // undefined operand (cpu/avx512.h).
 #pragma once
 
+#include "cpu/level.h"
+
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
@@ -15,6 +17,7 @@
 #include "cpu/avx512.h"
 
 namespace dcp_ops::cpu {
+inline namespace DCP_OPS_CPU_LEVEL {  // this ISA level's copy (cpu/level.h)
 
 template <typename T>
 inline float to_f32(T x) {
@@ -90,4 +93,5 @@ inline __m256 e4m3_to_f32(__m256i b) {
 }
 #endif
 
+}  // namespace DCP_OPS_CPU_LEVEL
 }  // namespace dcp_ops::cpu

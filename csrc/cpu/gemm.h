@@ -4,6 +4,8 @@
 //   gemm_nt:  C = A * B^T for a few B rows packed by pack_nt: each A row is read once, as contiguous chunks.
 #pragma once
 
+#include "cpu/level.h"
+
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -17,6 +19,7 @@
 #include "cpu/convert.h"
 
 namespace dcp_ops::cpu {
+inline namespace DCP_OPS_CPU_LEVEL {  // this ISA level's copy (cpu/level.h)
 
 // The micro-kernels keep their accumulators in arrays of vectors; they must be inlined into their callers so that the
 // compiler keeps those arrays in registers (an out-of-line call would spill them to the stack on every iteration).
@@ -524,4 +527,5 @@ inline void gemm_nt(int64_t M, int64_t N, int64_t K, const MA& A, const float* b
   }
 }
 
+}  // namespace DCP_OPS_CPU_LEVEL
 }  // namespace dcp_ops::cpu

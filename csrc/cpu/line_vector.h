@@ -1,11 +1,14 @@
 // std::vector whose storage starts on a cache line (64 bytes).
 #pragma once
 
+#include "cpu/level.h"
+
 #include <cstddef>
 #include <new>
 #include <vector>
 
 namespace dcp_ops::cpu {
+inline namespace DCP_OPS_CPU_LEVEL {  // this ISA level's copy (cpu/level.h)
 
 // For buffers that AMX tiles load and store: a tile row that straddles two cache lines loads and stores at about half
 // speed (one thread, rows in L1 / L2: GQA's P.V 1.19 -> 0.58 us per 64 tokens with O's rows on whole lines).
@@ -23,4 +26,5 @@ struct LineAllocator {
 template <typename T>
 using LineVector = std::vector<T, LineAllocator<T>>;
 
+}  // namespace DCP_OPS_CPU_LEVEL
 }  // namespace dcp_ops::cpu

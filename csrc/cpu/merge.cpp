@@ -8,11 +8,13 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/level.h"
 #include "checks.h"
 #include "cpu/convert.h"
 #include "ops.h"
 
-namespace dcp_ops {
+namespace dcp_ops::cpu {
+inline namespace DCP_OPS_CPU_LEVEL {  // this ISA level's copy (cpu/level.h)
 
 namespace {
 
@@ -161,4 +163,5 @@ void merge_exchange_cpu(const Tensor& recv, Tensor& out, Tensor& lse, c10::strin
   });
 }
 
-}  // namespace dcp_ops
+}  // namespace DCP_OPS_CPU_LEVEL
+}  // namespace dcp_ops::cpu

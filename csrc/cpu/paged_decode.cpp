@@ -2,6 +2,7 @@
 // by a register-blocked GEMM, folded into an online base-2 softmax and multiplied into the output, while the next
 // tile's rows are prefetched; the splits are combined at the end. The query tokens of one sequence (multi-token
 // decode; up to kUnitTokens of them) take each tile in turn while it is in cache, each with its own running state.
+#include "cpu/level.h"
 #include "cpu/paged_decode.h"
 
 #include <ATen/Parallel.h>
@@ -27,6 +28,7 @@
 #include "cpu/line_vector.h"
 
 namespace dcp_ops::cpu {
+inline namespace DCP_OPS_CPU_LEVEL {  // this ISA level's copy (cpu/level.h)
 
 namespace {
 
@@ -362,10 +364,10 @@ void paged_decode_impl(const PagedDecodeParams& p) {
   // too and keeps the FMA kernels.) Where Linux refuses the tile state, an fp32 cache keeps the FMA kernels (as exact,
   // and what it ran on before), while a bf16 one raises below.
   const bool amx32 = std::is_same_v<scalar_t, float> && G == 16 && v_in_k && amx::fits(p.Dk, p.Dv) &&
-                     amx::request_permission();
+                     amx_tile_permitted();
   const bool amx = (std::is_same_v<scalar_t, c10::BFloat16> && amx::fits(p.Dk, p.Dv)) || amx32;
-  TORCH_CHECK(!amx || amx::request_permission(), "paged_decode: Linux refused this process the AMX tile state "
-              "(arch_prctl ARCH_REQ_XCOMP_PERM); rebuild with DCP_OPS_CPU_ISA=avx512bf16");
+  TORCH_CHECK(!amx || amx_tile_permitted(), "paged_decode: Linux refused this process the AMX tile state "
+              "(arch_prctl ARCH_REQ_XCOMP_PERM); set DCP_OPS_CPU_CAPABILITY=avx512bf16");
   const int qterms = p.q_exact_bf16 && !amx32 ? 1 : 3;  // (score_block3 takes K in three terms against three)
   const int64_t Ga = amx ? amx::padded_heads(G) : G;
   const bool v_rows = amx && Ga <= amx::kRowsVMaxHeads;  // P.V by pv_rows: O's columns even / odd apart per 32
@@ -768,4 +770,5 @@ void paged_decode(const PagedDecodeParams& p, at::ScalarType cache_dtype) {
   }
 }
 
+}  // namespace DCP_OPS_CPU_LEVEL
 }  // namespace dcp_ops::cpu

@@ -1,12 +1,15 @@
 // Split-KV paged decode attention on the CPU, shared by the GQA and MLA partial ops.
 #pragma once
 
+#include "cpu/level.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <optional>
 
 namespace dcp_ops::cpu {
+inline namespace DCP_OPS_CPU_LEVEL {  // this ISA level's copy (cpu/level.h)
 
 // One decode problem: Hq query heads over Hkv KV heads (MLA: Hkv = 1, K row = latent + rope, V = its first Dv).
 struct PagedDecodeParams {
@@ -44,4 +47,5 @@ void paged_decode(const PagedDecodeParams& p, at::ScalarType cache_dtype);
 // out[offset .. offset + n) = src, converted to dtype (fp32, bf16 or fp16; rounded to nearest even, as Tensor::to).
 void store_row(void* out, at::ScalarType dtype, int64_t offset, const float* src, int64_t n);
 
+}  // namespace DCP_OPS_CPU_LEVEL
 }  // namespace dcp_ops::cpu

@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu/level.h"
 #include "checks.h"
 #include "cpu/convert.h"
 #include "ops.h"
 
-namespace dcp_ops {
+namespace dcp_ops::cpu {
+inline namespace DCP_OPS_CPU_LEVEL {  // this ISA level's copy (cpu/level.h)
 
 namespace {
 // Calls store(dst, t) for each token t with a slot, dst its entry's first byte, after checking every slot.
@@ -69,4 +71,5 @@ void write_kv_cpu(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mappin
     write_kv_impl(cache, new_kv, slot_mapping.data_ptr<int64_t>(), scale);
 }
 
-}  // namespace dcp_ops
+}  // namespace DCP_OPS_CPU_LEVEL
+}  // namespace dcp_ops::cpu
