@@ -97,37 +97,57 @@ BEYOND_BASELINE = re.compile(r"^\s*[0-9a-f]+:\s+(v\w+|tile\w+|tdp\w+|ldtilecfg|s
 
 
 def functions(path):
-    """(mangled name, its instruction lines) for every function in path's .text, as objdump disassembles it."""
+    """(address, mangled name, its instruction lines) for every function in path's .text, as objdump disassembles it."""
     dump = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-j", ".text", path], capture_output=True,
                           text=True, check=True).stdout
-    name, body = None, []
+    addr, name, body = None, None, []
     for line in dump.splitlines():
-        head = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
+        head = re.match(r"^([0-9a-f]+) <(.+)>:$", line)
         if head:
             if name is not None:
-                yield name, body
-            name, body = head.group(1), []
+                yield addr, name, body
+            addr, name, body = int(head.group(1), 16), head.group(2), []
         elif name is not None and line.strip():
             body.append(line)
     if name is not None:
-        yield name, body
+        yield addr, name, body
+
+
+def local_addresses(path):
+    """Addresses of the local (file-scope) functions: GCC's clones (.constprop, .isra) of a function are local to the
+    object that made them, so only that object's code calls them."""
+    syms = subprocess.run(["nm", "--defined-only", path], capture_output=True, text=True, check=True).stdout
+    return {int(f[0], 16) for f in (line.split() for line in syms.splitlines()) if len(f) >= 3 and f[1] == "t"}
 
 
 def test_only_a_levels_own_functions_hold_its_instructions():
     """Where two levels instantiate the same inline function of a library header (std::, c10::), the linker keeps one
     copy for both: were it a higher level's, the baseline code would run AVX instructions on a CPU without them. So
     every function with an instruction beyond the baseline must be in a higher level's namespace, reached only
-    through that level's table, and no load-time initializer may call into one."""
-    leaks, init_calls, in_levels = [], [], 0
-    for name, body in functions(dcp_ops._C.__file__):
-        if any(BEYOND_BASELINE.search(line) for line in body):
-            if LEVEL_CODE.search(name):
-                in_levels += 1
-            else:
-                leaks.append(name)
-        if name.startswith("_GLOBAL__sub_I"):
-            init_calls += [line for line in body if "call" in line and LEVEL_CODE.search(line)]
+    through that level's table, or be a local function (a clone GCC made in one object) that only such functions call;
+    and no load-time initializer may call into one."""
+    funcs = list(functions(dcp_ops._C.__file__))
+    local = local_addresses(dcp_ops._C.__file__)
+    callers = {}  # address -> the addresses of the functions whose code names it (calls, jumps, address taken)
+    for addr, _, body in funcs:
+        for line in body:
+            for target in re.findall(r"\b([0-9a-f]+) <", line.split(":", 1)[1]):
+                callers.setdefault(int(target, 16), set()).add(addr)
+    level = {addr for addr, name, _ in funcs if LEVEL_CODE.search(name)}
+    beyond = {addr: name for addr, name, body in funcs
+              if addr not in level and any(BEYOND_BASELINE.search(line) for line in body)}
+    # A local function that only level code (or another such local function) names runs only within that level.
+    ok, changed = set(level), True
+    while changed:
+        changed = False
+        for addr in beyond:
+            if addr in local and addr not in ok and callers.get(addr) and callers[addr] - {addr} <= ok:
+                ok.add(addr)
+                changed = True
+    leaks = sorted({name for addr, name in beyond.items() if addr not in ok})
+    init_calls = [line for addr, name, body in funcs if name.startswith("_GLOBAL__sub_I")
+                  for line in body if "call" in line and LEVEL_CODE.search(line)]
     if dcp_ops._C.cpu_levels != "default":  # the check sees the higher levels' code
-        assert in_levels > 100, in_levels
+        assert sum(1 for addr, _, body in funcs if addr in level and any(BEYOND_BASELINE.search(x) for x in body)) > 100
     assert not leaks, f"{len(leaks)} functions outside the levels' namespaces use AVX instructions: {leaks[:20]}"
     assert not init_calls, init_calls
