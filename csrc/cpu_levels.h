@@ -3,12 +3,15 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "ops.h"
 
 namespace dcp_ops::cpu {
 
-// One level's CPU ops (cpu/level_ops.cpp); the registered CPU kernels of csrc/ops.cpp call the chosen level's.
+// One level's CPU ops (cpu/level_ops.cpp), with the signatures ops.h declares for the CPU kernels; ops.cpp registers
+// the chosen level's (Forward).
 struct Ops {
   decltype(&gqa_decode_partial_cpu) gqa_decode_partial;
   decltype(&mla_decode_partial_cpu) mla_decode_partial;
@@ -29,5 +32,14 @@ std::string built_levels();
 const Ops& active_ops();
 // Whether Linux grants this process the AMX tile state (asked once; the amx level's kernels need it).
 bool amx_tile_permitted();
+
+// The registered CPU kernel of one op (ops.cpp): Forward<&Ops::x>::call has op x's signature and calls the chosen
+// level's x.
+template <auto Member, typename Fn = std::remove_reference_t<decltype(std::declval<Ops&>().*Member)>>
+struct Forward;
+template <auto Member, typename R, typename... Args>
+struct Forward<Member, R (*)(Args...)> {
+  static R call(Args... args) { return (active_ops().*Member)(args...); }
+};
 
 }  // namespace dcp_ops::cpu

@@ -5,7 +5,8 @@
 // code outside csrc/cpu is compiled once, for the baseline ISA. csrc/cpu_levels.cpp picks the level at import.
 //
 // A level's code runs only once that level is chosen: nothing here may need a dynamic initializer (a static object
-// whose constructor would run at load on any CPU); tests/test_cpu_levels.py checks the objects for them.
+// whose constructor would run at load on any CPU); tests/test_cpu_levels.py checks that no load-time initializer of
+// the library calls into a level's code.
 #pragma once
 
 #ifndef DCP_OPS_CPU_LEVEL
