@@ -35,10 +35,59 @@ def test_atomic_histogram_with_dynamic_shared_memory(simt_ops):
 
 def test_missing_barrier_is_caught(simt_ops):
     x = torch.randn(128)
-    torch.testing.assert_close(simt_ops.block_sum(x, True), x.sum().view(1))
-    y = torch.randn(128) + 5  # thread 0 sums before the others write y: it sees stale (x) slots
-    racy = simt_ops.block_sum(y, False)
-    assert not torch.allclose(racy, y.sum().view(1))
+    for reader in (0, 127):
+        torch.testing.assert_close(simt_ops.block_sum(x, True, reader), x.sum().view(1))
+    # Without the barrier the reader sums before some thread has written y (it sees stale x slots). Which reader
+    # runs too early depends on the schedule, but both cannot run last.
+    y = torch.randn(128) + 5
+    racy = []
+    for reader in (0, 127):
+        simt_ops.block_sum(x, True, 0)  # the slots hold x again
+        racy.append(simt_ops.block_sum(y, False, reader))
+    assert not all(torch.allclose(r, y.sum().view(1)) for r in racy)
+
+
+@pytest.mark.parametrize("schedule,first", [("forward", 0), ("reverse", 127), ("random:7", None)])
+def test_schedule_orders_the_fibers(simt_ops, monkeypatch, schedule, first):
+    """The reader of a racy sum sees the writers that ran before it: under forward thread 0 runs first (sees only its
+    own slot), under reverse thread 127 does; a random schedule puts neither reliably first or last."""
+    monkeypatch.setenv("DCP_SIMT_SCHEDULE", schedule)
+    y = torch.arange(1, 129, dtype=torch.float32)
+    sums = []
+    for reader in (0, 127):
+        simt_ops.block_sum(torch.zeros(128), True, 0)  # every slot 0: what a reader sees of a writer not yet run
+        sums.append(simt_ops.block_sum(y, False, reader).item())
+    if first == 0:
+        assert sums == [1.0, float(y.sum())]
+    elif first == 127:
+        assert sums == [float(y.sum()), 128.0]
+    else:  # each reader saw some but not all of the writers
+        assert all(0 < s < float(y.sum()) for s in sums) and len(set(sums)) == 2
+
+
+def test_unknown_schedule_is_refused(simt_ops, monkeypatch):
+    monkeypatch.setenv("DCP_SIMT_SCHEDULE", "sideways")
+    with pytest.raises(Exception, match="DCP_SIMT_SCHEDULE"):
+        simt_ops.block_sum(torch.randn(32), True, 0)
+
+
+def test_async_copies_land_at_their_wait(simt_ops):
+    x = torch.randn(64 * 8)
+    seen = simt_ops.async_copy(x)
+    want = x.view(64, 8)
+    poison = torch.full((64, 4), float("nan"))  # the executor fills dynamic shared memory with 0xff bytes: NaN
+    assert torch.isnan(seen[0]).all(), "a read before the wait must see the poison, not the copy"
+    torch.testing.assert_close(seen[1], torch.cat([want[:, :4], poison], 1), equal_nan=True)
+    assert torch.isnan(seen[1][:, 4:]).all()
+    assert torch.equal(seen[2], want)
+
+
+@pytest.mark.parametrize("stride,ways", [(1, 1), (2, 2), (3, 1), (8, 8), (32, 32)])
+def test_bank_conflict_counter(simt_ops, stride, ways):
+    simt_ops.bank_stats(True)
+    assert torch.equal(simt_ops.strided_store(stride), torch.arange(32).float())
+    requests, wavefronts, ideal = simt_ops.bank_stats(True)
+    assert (requests, wavefronts, ideal) == (1, ways, 1)
 
 
 def test_divergent_barrier_is_reported(simt_ops):

@@ -116,6 +116,8 @@ inline void ldmatrix_x4(uint32_t (&d)[4], SmemAddr row) {
   const int lane = simt::lane(), g = lane / 4, t = lane % 4;
   uint32_t out[4];
   simt::warp_view(&row, [&](auto at) {
+    if (lane == 0)  // the warp's one request: 4 phases of 8 rows of 16 bytes
+      simt::count_banks(32, 8, 16, [&](int l) { return *static_cast<const SmemAddr*>(at(l)); });
     auto elem = [&](int m, int r, int c) {  // element (r, c) of matrix m
       const SmemAddr p = *static_cast<const SmemAddr*>(at(8 * m + r));
       uint16_t v;
@@ -148,6 +150,17 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&d)[4], SmemAddr row) {
 #endif
 }
 #endif
+
+// A warp-wide 32-bit store to shared memory (every lane of the warp stores): under the executor its bank
+// conflicts are counted (simt::bank_stats).
+__device__ __forceinline__ void st_shared_u32(void* p, uint32_t v) {
+#ifdef DCP_SIMT
+  simt::warp_view(&p, [&](auto at) {
+    if (simt::lane() == 0) simt::count_banks(32, 32, 4, [&](int l) { return *static_cast<void* const*>(at(l)); });
+  });
+#endif
+  *static_cast<uint32_t*>(p) = v;
+}
 
 // c += A * B.
 template <typename T>

@@ -2,9 +2,20 @@
 //
 // Blocks run one after another; the threads of a block are fibers (ucontext) that run until they meet a barrier:
 // __syncthreads() releases when every live thread of the block waits there, warp operations (__shfl*_sync, votes,
-// __syncwarp) when every live lane of the warp does. A thread that exits while others wait at __syncthreads, or a
-// state where nothing can run, is reported as an error. A kernel that reads shared memory another thread writes
-// without a barrier sees the fiber order (thread 0 runs first), so a missing barrier gives a wrong answer.
+// __syncwarp, the tensor-core emulations) when every live lane of the warp does. A thread that exits while others
+// wait at __syncthreads, or a state where nothing can run, is reported as an error.
+// It is built to fail where a GPU would:
+//   - Schedules. A fiber runs alone until its next barrier or warp operation, and the first runnable fiber in the
+//     schedule's order runs next, so the warp released first runs ahead of the others up to the next barrier: a
+//     kernel that reads shared memory another thread (or warp) writes without a barrier between them sees the store
+//     or not depending on the order. DCP_SIMT_SCHEDULE picks the order: `forward` (thread 0 first, the default),
+//     `reverse`, or `random:<seed>` (a fresh permutation at every release, seeded per block); anything else is
+//     refused by name. Forward and reverse together see every race of one writer and one reader.
+//   - Asynchronous copies land at their wait: cp.async (async_copy16) snapshots its 16 source bytes at issue and
+//     writes them to shared memory only when a cp.async.wait_group retires its commit group (in commit order), so a
+//     read before the wait sees whatever was there: poison, or an older tile.
+//   - Bank conflicts. The warp-wide shared accesses the executor performs (ldmatrix, and the stores routed through
+//     warp_store_shared) are counted in bank_stats(): requests, and wavefronts beyond one per request's minimum.
 // Dynamic shared memory is filled with 0xff bytes at every block start; static __shared__ arrays are one instance
 // for the kernel, so a read before any write sees the previous block's (or launch's) values, never zeros.
 #pragma once
@@ -15,11 +26,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,13 +70,57 @@ constexpr int kWarp = 32;
 
 enum class State { Runnable, WaitBlock, WaitWarp, Done };
 
+// One 16-byte cp.async in flight: its destination and the source bytes read at issue.
+struct AsyncCopy {
+  unsigned char* dst;
+  unsigned char bytes[16];
+};
+
 struct Fiber {
   ucontext_t ctx;
   std::unique_ptr<char[]> stack;
   dim3 tid;
   int linear = 0;
   State state = State::Runnable;
+  std::vector<AsyncCopy> open_group;                // issued since the last commit
+  std::vector<std::vector<AsyncCopy>> committed;    // commit groups not yet retired, oldest first
 };
+
+// The fiber order at every release (DCP_SIMT_SCHEDULE), read at each launch.
+struct Schedule {
+  enum Kind { Forward, Reverse, Random } kind = Forward;
+  uint64_t seed = 0;
+};
+inline Schedule schedule_from_env() {
+  Schedule s;
+  const char* v = std::getenv("DCP_SIMT_SCHEDULE");
+  if (v == nullptr || *v == 0 || std::strcmp(v, "forward") == 0) return s;
+  if (std::strcmp(v, "reverse") == 0) {
+    s.kind = Schedule::Reverse;
+    return s;
+  }
+  char* end = nullptr;
+  if (std::strncmp(v, "random:", 7) == 0 && v[7] != 0) {
+    s.seed = std::strtoull(v + 7, &end, 10);
+    if (*end == 0) {
+      s.kind = Schedule::Random;
+      return s;
+    }
+  }
+  throw std::invalid_argument(std::string("simt: DCP_SIMT_SCHEDULE must be forward, reverse or random:<seed>, got '") +
+                              v + "'");
+}
+inline thread_local Schedule g_schedule;
+
+// Shared-memory bank statistics of the warp-wide accesses the executor performs: `requests` warp-wide accesses,
+// `wavefronts` the shared-memory cycles they take (32 banks of 4 bytes), `ideal` the fewest their sizes allow. A
+// kernel is conflict-free when wavefronts == ideal.
+struct BankStats {
+  int64_t requests = 0, wavefronts = 0, ideal = 0;
+};
+inline BankStats g_bank_stats;
+inline BankStats bank_stats() { return g_bank_stats; }
+inline void reset_bank_stats() { g_bank_stats = BankStats{}; }
 
 struct Block {
   ucontext_t sched;
@@ -71,6 +129,8 @@ struct Block {
   std::exception_ptr error;
   std::vector<uint64_t> warp_slots;  // one 64-bit slot per thread for shuffles and votes
   const std::function<void()>* body = nullptr;
+  std::vector<int> order;  // the order the run loop visits the fibers in (the schedule)
+  std::mt19937_64 rng;
 };
 inline thread_local Block* g_block = nullptr;
 
@@ -88,7 +148,10 @@ inline void fiber_entry() {
   } catch (...) {
     if (!b.error) b.error = std::current_exception();
   }
-  b.fibers[b.current].state = State::Done;
+  Fiber& f = b.fibers[b.current];
+  f.open_group.clear();  // copies still in flight when a thread exits never land (its block's shared memory is gone)
+  f.committed.clear();
+  f.state = State::Done;
   swapcontext(&b.fibers[b.current].ctx, &b.sched);
 }
 
@@ -114,19 +177,45 @@ inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block
     makecontext(&f.ctx, fiber_entry, 0);
   }
   auto live = [&](int i) { return b.fibers[i].state != State::Done; };
-  for (;;) {
-    bool ran = false;
-    for (int i = 0; i < n; ++i) {
-      if (b.fibers[i].state != State::Runnable) continue;
+  b.order.resize(n);
+  std::iota(b.order.begin(), b.order.end(), 0);
+  if (g_schedule.kind == Schedule::Reverse) std::reverse(b.order.begin(), b.order.end());
+  b.rng.seed(g_schedule.seed * 0x9E3779B97F4A7C15ull + (block_idx.z * grid.y + block_idx.y) * grid.x + block_idx.x);
+  if (g_schedule.kind == Schedule::Random) std::shuffle(b.order.begin(), b.order.end(), b.rng);
+  // Every fiber at an order position before `cursor` waits or is done: only a release makes a fiber runnable again,
+  // and a release sends the cursor back to the start, so the first runnable fiber in the order always runs next
+  // (the warp released first runs ahead of the others until its next barrier).
+  size_t cursor = 0;
+  auto released = [&] {
+    if (g_schedule.kind == Schedule::Random) std::shuffle(b.order.begin(), b.order.end(), b.rng);
+    cursor = 0;
+  };
+  // Releases warp w when every live lane of it waits at a warp operation.
+  auto try_release_warp = [&](int w) {
+    bool all = true, any = false;
+    for (int i = w * kWarp; i < std::min(n, (w + 1) * kWarp); ++i) {
+      if (!live(i)) continue;
+      any = true;
+      all &= b.fibers[i].state == State::WaitWarp;
+    }
+    if (!any || !all) return;
+    for (int i = w * kWarp; i < std::min(n, (w + 1) * kWarp); ++i)
+      if (live(i)) b.fibers[i].state = State::Runnable;
+    released();
+  };
+  g.blockIdx = block_idx;
+  g.blockDim = block;
+  g.gridDim = grid;
+  while (!b.error) {
+    while (cursor < b.order.size() && b.fibers[b.order[cursor]].state != State::Runnable) ++cursor;
+    if (cursor < b.order.size()) {
+      const int i = b.order[cursor];
       b.current = i;
       g.threadIdx = b.fibers[i].tid;
-      g.blockIdx = block_idx;
-      g.blockDim = block;
-      g.gridDim = grid;
       swapcontext(&b.sched, &b.fibers[i].ctx);
-      ran = true;
+      if (b.fibers[i].state != State::WaitBlock) try_release_warp(i / kWarp);
+      continue;
     }
-    if (b.error) break;
     int done = 0, at_block = 0;
     for (int i = 0; i < n; ++i) {
       done += b.fibers[i].state == State::Done;
@@ -141,27 +230,11 @@ inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block
         break;
       }
       for (auto& f : b.fibers) f.state = State::Runnable;
+      released();
       continue;
     }
-    bool released = false;
-    for (int w = 0; w * kWarp < n; ++w) {
-      bool all = true, any = false;
-      for (int i = w * kWarp; i < std::min(n, (w + 1) * kWarp); ++i) {
-        if (!live(i)) continue;
-        any = true;
-        all &= b.fibers[i].state == State::WaitWarp;
-      }
-      if (any && all) {
-        for (int i = w * kWarp; i < std::min(n, (w + 1) * kWarp); ++i)
-          if (live(i)) b.fibers[i].state = State::Runnable;
-        released = true;
-      }
-    }
-    if (!released && !ran) {
-      b.error = std::make_exception_ptr(std::runtime_error("simt: deadlock: no thread can run (threads wait at "
-                                                           "barriers that can never release)"));
-      break;
-    }
+    b.error = std::make_exception_ptr(std::runtime_error("simt: deadlock: no thread can run (threads wait at "
+                                                         "barriers that can never release)"));
   }
   g_block = nullptr;
   if (b.error) std::rethrow_exception(b.error);
@@ -169,6 +242,7 @@ inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block
 
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes, Args&&... args) {
+  g_schedule = schedule_from_env();
   g_dynamic_smem.assign(smem_bytes, 0xff);
   const std::function<void()> body = [&]() { kernel(args...); };
   for (unsigned z = 0; z < grid.z; ++z)
@@ -205,6 +279,51 @@ void warp_view(const void* mine, F&& fn) {
   yield_as(State::WaitWarp);
   fn([&](int l) { return reinterpret_cast<const void*>(static_cast<uintptr_t>(b.warp_slots[base + l])); });
   yield_as(State::WaitWarp);
+}
+
+// cp.async: 16 bytes from src (or zeros when !valid) to shared dst, landing when a wait retires the commit group.
+inline void async_copy16(void* dst, const void* src, bool valid) {
+  AsyncCopy c{static_cast<unsigned char*>(dst), {}};
+  if (valid) std::memcpy(c.bytes, src, 16);
+  g_block->fibers[g_block->current].open_group.push_back(c);
+}
+inline void async_commit() {
+  Fiber& f = g_block->fibers[g_block->current];
+  f.committed.push_back(std::move(f.open_group));
+  f.open_group.clear();
+}
+// cp.async.wait_group n: every committed group but the newest n lands, oldest first (uncommitted copies stay).
+inline void async_wait(int n) {
+  Fiber& f = g_block->fibers[g_block->current];
+  const int retire = static_cast<int>(f.committed.size()) - n;
+  for (int i = 0; i < retire; ++i)
+    for (const AsyncCopy& c : f.committed[i]) std::memcpy(c.dst, c.bytes, 16);
+  if (retire > 0) f.committed.erase(f.committed.begin(), f.committed.begin() + retire);
+}
+
+// Bank statistics of one warp-wide shared access in phases: `addr(i)` is the address of access i (`bytes` wide,
+// naturally aligned), accesses [k * per_phase, (k + 1) * per_phase) form phase k. A phase takes as many wavefronts
+// as the most distinct words (4 bytes, or a wider access's own bytes) any one bank is asked for; equal addresses
+// are one word (broadcast, or one store).
+template <typename Addr>
+void count_banks(int accesses, int per_phase, int bytes, Addr&& addr) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(g_dynamic_smem.data());
+  for (int p0 = 0; p0 < accesses; p0 += per_phase) {
+    std::vector<uintptr_t> words[32];
+    for (int i = p0; i < std::min(accesses, p0 + per_phase); ++i) {
+      const uintptr_t a = reinterpret_cast<uintptr_t>(addr(i)) - base;
+      for (int w = 0; w < std::max(1, bytes / 4); ++w) {
+        const uintptr_t word = a / 4 + w;
+        auto& v = words[word % 32];
+        if (std::find(v.begin(), v.end(), word) == v.end()) v.push_back(word);
+      }
+    }
+    size_t most = 0;
+    for (auto& v : words) most = std::max(most, v.size());
+    g_bank_stats.wavefronts += static_cast<int64_t>(most);
+  }
+  g_bank_stats.requests += 1;
+  g_bank_stats.ideal += std::max(1, accesses * bytes / 128);
 }
 
 inline unsigned ballot(bool p) {

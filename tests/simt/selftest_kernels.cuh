@@ -2,6 +2,8 @@
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/cp_async.cuh"
+#include "kernels/mma.cuh"
 
 namespace simt_selftest {
 
@@ -38,12 +40,12 @@ __global__ void histogram(const int* x, int n, int bins, int* out) {
   for (int b = threadIdx.x; b < bins; b += blockDim.x) atomicAdd(&out[b], local[b]);
 }
 
-// Each thread writes its slot, then thread 0 sums all slots. With `sync` false the barrier is missing: a race.
-__global__ void block_sum(const float* x, float* out, bool sync) {
+// Each thread writes its slot, then thread `reader` sums all slots. With `sync` false the barrier is missing: a race.
+__global__ void block_sum(const float* x, float* out, bool sync, unsigned reader) {
   __shared__ float slots[256];
   slots[threadIdx.x] = x[threadIdx.x];
   if (sync) __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == reader) {
     float s = 0.f;
     for (unsigned i = 0; i < blockDim.x; ++i) s += slots[i];
     *out = s;
@@ -54,6 +56,36 @@ __global__ void block_sum(const float* x, float* out, bool sync) {
 __global__ void divergent_barrier(float* out) {
   if (threadIdx.x < 16) __syncthreads();
   out[threadIdx.x] = 1.f;
+}
+
+// cp.async in two commit groups: thread i copies 4 floats of x into group A, then 4 more into group B. It reads its
+// shared slots before any wait (seen[0]), after wait_group 1 (seen[1]: A landed, B in flight) and after wait_group 0
+// (seen[2]). seen: [3][threads][8].
+__global__ void async_copy(const float* x, float* seen) {
+  DCP_DYNAMIC_SMEM(float, slots);
+  const int i = threadIdx.x, n = blockDim.x;
+  float* mine = slots + 8 * i;
+  dcp_ops::kernels::cp_async16(mine, x + 8 * i, true);
+  dcp_ops::kernels::cp_async_commit();
+  dcp_ops::kernels::cp_async16(mine + 4, x + 8 * i + 4, true);
+  dcp_ops::kernels::cp_async_commit();
+  auto record = [&](int k) {
+    for (int e = 0; e < 8; ++e) seen[(k * n + i) * 8 + e] = mine[e];
+  };
+  record(0);
+  dcp_ops::kernels::cp_async_wait<1>();
+  record(1);
+  dcp_ops::kernels::cp_async_wait<0>();
+  record(2);
+}
+
+// One warp-wide 32-bit shared store per row of a 32 x `stride` word tile: lane l stores word l * stride of row 0
+// (the bank-conflict counter's test: stride 1 is conflict-free, stride 2 two-way, stride 32 32-way).
+__global__ void strided_store(int stride, float* out) {
+  DCP_DYNAMIC_SMEM(uint32_t, words);
+  dcp_ops::kernels::st_shared_u32(words + threadIdx.x * stride, threadIdx.x);
+  __syncwarp();
+  out[threadIdx.x] = static_cast<float>(words[threadIdx.x * stride]);
 }
 
 }  // namespace simt_selftest

@@ -37,11 +37,33 @@ static Tensor histogram(const Tensor& x, int64_t bins) {
   return out;
 }
 
-static Tensor block_sum(const Tensor& x, bool sync) {
+static Tensor block_sum(const Tensor& x, bool sync, int64_t reader) {
   Tensor out = at::full({1}, NAN, x.options());
   DCP_LAUNCH(simt_selftest::block_sum, dim3(1), dim3(x.numel()), 0, nullptr, x.data_ptr<float>(),
-             out.data_ptr<float>(), sync);
+             out.data_ptr<float>(), sync, static_cast<unsigned>(reader));
   return out;
+}
+
+static Tensor async_copy(const Tensor& x) {  // x: [threads * 8]
+  const int64_t n = x.numel() / 8;
+  Tensor seen = at::full({3, n, 8}, NAN, x.options());
+  DCP_LAUNCH(simt_selftest::async_copy, dim3(1), dim3(n), n * 8 * sizeof(float), nullptr, x.data_ptr<float>(),
+             seen.data_ptr<float>());
+  return seen;
+}
+
+static Tensor strided_store(int64_t stride) {
+  Tensor out = at::full({32}, NAN);
+  DCP_LAUNCH(simt_selftest::strided_store, dim3(1), dim3(32), 32 * stride * 4, nullptr, static_cast<int>(stride),
+             out.data_ptr<float>());
+  return out;
+}
+
+// The executor's bank statistics since the last reset: [requests, wavefronts, ideal wavefronts].
+static std::vector<int64_t> bank_stats(bool reset) {
+  const dcp_ops::simt::BankStats s = dcp_ops::simt::bank_stats();
+  if (reset) dcp_ops::simt::reset_bank_stats();
+  return {s.requests, s.wavefronts, s.ideal};
 }
 
 static Tensor divergent_barrier() {
@@ -75,6 +97,9 @@ TORCH_LIBRARY(dcp_ops_simt, m) {
   m.def("warp_reduce(Tensor x) -> (Tensor, Tensor)", &warp_reduce);
   m.def("transpose32(Tensor x) -> Tensor", &transpose32);
   m.def("histogram(Tensor x, int bins) -> Tensor", &histogram);
-  m.def("block_sum(Tensor x, bool sync) -> Tensor", &block_sum);
+  m.def("block_sum(Tensor x, bool sync, int reader=0) -> Tensor", &block_sum);
+  m.def("async_copy(Tensor x) -> Tensor", &async_copy);
+  m.def("strided_store(int stride) -> Tensor", &strided_store);
+  m.def("bank_stats(bool reset=True) -> int[]", &bank_stats);
   m.def("divergent_barrier() -> Tensor", &divergent_barrier);
 }
