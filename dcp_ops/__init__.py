@@ -19,6 +19,7 @@ from .layout import (  # noqa: E402
     slot_mapping,
     unshard_kv,
 )
+from .reshard import gather_kv, reshard_kv, transfer_runs  # noqa: E402
 from .ops import (  # noqa: E402
     correct_partial,
     gqa_decode_partial,
@@ -32,7 +33,7 @@ from .ops import (  # noqa: E402
 __all__ = [
     "gqa_decode_partial", "mla_decode_partial", "merge_partials", "correct_partial", "pack_exchange",
     "merge_exchange", "write_kv", "Placement", "owner_rank", "local_index", "local_seq_lens", "local_causal_lens",
-    "slot_mapping", "shard_kv", "unshard_kv",
+    "slot_mapping", "shard_kv", "unshard_kv", "transfer_runs", "reshard_kv", "gather_kv",
     "reference", "dcp_attention", "GQAShard", "MLAShard", "Workspace", "exchange_bytes", "gather_heads", "merge_across",
 ]
 __version__ = "0.1.0"
