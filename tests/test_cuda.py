@@ -86,6 +86,53 @@ def test_mla_decode_on_gpu(dtype, absorb, up, heads, rope, precision):
                   dtype, precision, "MLA on the GPU")
 
 
+@pytest.mark.parametrize("optin", [None, 166912], ids=["device", "bn32"])
+@pytest.mark.parametrize("cache", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_mla_multi_token_on_gpu(monkeypatch, cache, optin):
+    """Native MLA 512 + 64 with 2-4 query tokens a sequence (cu_seqlens_q, causal per token), on a bf16 and an fp8
+    cache, with the device's shared memory (64-token tiles on an H100) and an A100's (DCP_OPS_TEST_SMEM_OPTIN: the
+    32-token tiles); masked tokens past each query's length hold NaN."""
+    if optin is not None:
+        monkeypatch.setenv("DCP_OPS_TEST_SMEM_OPTIN", str(optin))
+    gen = torch.Generator().manual_seed(7)
+    lens, n_q, heads = [700, 65, 130], [4, 2, 3], 16
+    kv, table = paged_cache(lens, 64, (576,), torch.float32, gen)
+    scales = {}
+    if cache == torch.float8_e4m3fn:
+        scales = dict(kv_scale=torch.tensor([0.02]))
+        kv = (kv / 0.02).clamp(-448, 448).to(cache)
+    else:
+        kv = kv.to(cache)
+    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, n_q)])
+    cu = torch.tensor([0] + torch.tensor(n_q).cumsum(0).tolist(), dtype=torch.int32)
+    T = len(positions)
+    args = (randn(T, heads, 512, dtype=torch.bfloat16, gen=gen), randn(T, heads, 64, dtype=torch.bfloat16, gen=gen),
+            kv, table, (positions + 1).int(), 576 ** -0.5)
+    out, lse = dcp_ops.mla_decode_partial(*[a.cuda() if torch.is_tensor(a) else a for a in args],
+                                          cu_seqlens_q=cu.cuda(), **{k: v.cuda() for k, v in scales.items()})
+    assert_decode(out.cpu(), lse.cpu(), ref.mla_decode_partial, args, torch.bfloat16, "native",
+                  f"MLA multi-token on the GPU ({cache}, optin {optin})", cu_seqlens_q=cu, **scales)
+
+
+@pytest.mark.parametrize("precision", ["native", "fp32"])
+def test_gqa_fp8_multi_token_on_gpu(precision):
+    gen = torch.Generator().manual_seed(8)
+    lens, n_q = [300, 40], [5, 2]
+    k, table = paged_cache(lens, 16, (2, 128), torch.float32, gen)
+    v = torch.where(torch.isnan(k), k, randn(*k.shape, gen=gen))
+    fp8 = torch.float8_e4m3fn
+    k8, v8 = (k / 0.05).clamp(-448, 448).to(fp8), (v / 0.05).clamp(-448, 448).to(fp8)
+    scales = dict(k_scale=torch.tensor([0.05]), v_scale=torch.tensor([0.05]))
+    positions = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, n_q)])
+    cu = torch.tensor([0] + torch.tensor(n_q).cumsum(0).tolist(), dtype=torch.int32)
+    q = randn(len(positions), 8, 128, dtype=torch.bfloat16, gen=gen)
+    args = (q, k8, v8, table, (positions + 1).int(), 0.09)
+    out, lse = dcp_ops.gqa_decode_partial(*[a.cuda() if torch.is_tensor(a) else a for a in args], precision=precision,
+                                          cu_seqlens_q=cu.cuda(), **{n: s.cuda() for n, s in scales.items()})
+    assert_decode(out.cpu(), lse.cpu(), ref.gqa_decode_partial, args, torch.bfloat16, precision,
+                  "GQA fp8 multi-token on the GPU", cu_seqlens_q=cu, **scales)
+
+
 def test_demo_on_gpu_ranks_over_nccl(capsys):
     from dcp_ops import demo
     world = min(4, torch.cuda.device_count())

@@ -148,6 +148,30 @@ def test_multi_token_decode_on_tensor_cores(simt_ops, dtype, precision):
 
 
 @pytest.mark.simt
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("optin,tiled", [(100000, True), (60000, False)], ids=["bn32", "fallback"])
+def test_native_mla_with_less_shared_memory(simt_ops, monkeypatch, dtype, optin, tiled):
+    """Native 16-bit MLA 256 + 64 multi-token where a block may opt in to less shared memory: 100000 bytes take the
+    tiled kernel's 32-token tiles (87552 bytes; 64 need 132864); 60000 bytes hold no tile, so the launcher falls back
+    to the split-term kernel (an fp32 query: more accurate than native asks), which makes no ldmatrix load: the
+    executor's count of warp-wide shared accesses tells the two apart."""
+    monkeypatch.setenv("DCP_SIMT_SMEM_OPTIN", str(optin))
+    gen = torch.Generator().manual_seed(optin % 97)
+    lens, n_q = [100, 40], [3, 2]
+    kv, table = paged_cache(lens, 16, (256 + 64,), dtype, gen)
+    positions, cu = _queries(lens, n_q)
+    T = len(positions)
+    args = (randn(T, 16, 256, dtype=dtype, gen=gen), randn(T, 16, 64, dtype=dtype, gen=gen), kv, table,
+            (positions + 1).int(), 320 ** -0.5)
+    simt_ops.bank_stats(True)
+    out, lse = simt_ops.mla_decode_partial(*args, cu_seqlens_q=cu)
+    requests = simt_ops.bank_stats(True)[0]
+    assert (requests > 0) == tiled, f"{requests} ldmatrix / shared-store requests: not the expected kernel"
+    assert_decode(out, lse, ref.mla_decode_partial, args, dtype, "native", f"MLA native, optin {optin}",
+                  cu_seqlens_q=cu)
+
+
+@pytest.mark.simt
 @pytest.mark.parametrize("precision", ["native", "fp32"])
 @pytest.mark.parametrize("heads", [5, 24])
 def test_multi_token_rows_that_straddle_row_tiles(simt_ops, heads, precision):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU check in one command: build with CUDA, run the GPU tests, benchmark every CUDA kernel, run the demo on GPU ranks
-# (NCCL), append all of it to bench/RESULTS.md, then run the rest of the test suite. Exits 2 (and says so) where no
+# GPU check in one command: build with CUDA, run the GPU tests and compute-sanitizer's racecheck, synccheck, memcheck
+# and initcheck over small cases of every kernel (bench/gpu/sanitize.py), benchmark every CUDA kernel, run the demo on
+# GPU ranks (NCCL), append all of it to bench/RESULTS.md, then run the rest of the test suite. Exits 2 (and says so) where no
 # GPU is found, and non-zero when any test failed (the benchmark and demo still run, so one try records everything).
 #
 # A GPU machine's image often brings torch and has no network: when `python3` (or $PYTHON) already imports torch
@@ -31,6 +32,23 @@ torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
 
 status=0
 "$PY" -m pytest -q tests/test_cuda.py 2>&1 | tee "$logs/dcp_gpu_tests.log" || status=1
+# compute-sanitizer over small cases of every kernel (bench/gpu/sanitize.py), each tool at most 60 s
+sanitizer=$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" 2>/dev/null || true)
+: > "$logs/dcp_gpu_sanitizer.log"
+if [ -n "$sanitizer" ]; then
+  for tool in racecheck synccheck memcheck initcheck; do
+    if timeout 60 "$sanitizer" --tool "$tool" --error-exitcode 1 "$PY" bench/gpu/sanitize.py \
+        > "$logs/dcp_gpu_sanitizer_$tool.log" 2>&1; then
+      echo "compute-sanitizer $tool: clean" | tee -a "$logs/dcp_gpu_sanitizer.log"
+    else
+      echo "compute-sanitizer $tool: FAILED (rc $?; last lines below)" | tee -a "$logs/dcp_gpu_sanitizer.log"
+      tail -15 "$logs/dcp_gpu_sanitizer_$tool.log" | tee -a "$logs/dcp_gpu_sanitizer.log"
+      status=1
+    fi
+  done
+else
+  echo "compute-sanitizer: not found on this machine; not run" | tee "$logs/dcp_gpu_sanitizer.log"
+fi
 "$PY" bench/gpu/bench_cuda.py --json "$logs/dcp_gpu_bench.json" 2>&1 | tee "$logs/dcp_gpu_bench.txt" || status=1
 "$PY" -m dcp_ops demo --device cuda --dtype bfloat16 2>&1 | tee "$logs/dcp_gpu_demo.txt" || status=1
 {
@@ -38,6 +56,10 @@ status=0
   echo "## GPU — $(date -u +%Y-%m-%d), $gpu (sm_${cap/./}), torch $torch_version, \`bash bench/gpu/run.sh\`"
   echo
   echo "GPU tests (tests/test_cuda.py): $(tail -1 "$logs/dcp_gpu_tests.log")"
+  echo
+  echo '```'
+  cat "$logs/dcp_gpu_sanitizer.log"
+  echo '```'
   echo
   echo '```'
   cat "$logs/dcp_gpu_bench.txt"

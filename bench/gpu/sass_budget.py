@@ -85,7 +85,9 @@ def functions(sass: str) -> Dict[str, List[Tuple[int, str, str]]]:
 
 
 def loops(code: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
-    """(first, last) instruction indices of every loop: a branch back to an earlier address."""
+    """(first, last) instruction indices of every loop: a branch back to an earlier address. A branch back into the
+    middle of a loop from past its end is not one: ptxas places cold paths (a shuffle's non-converged fallback) after
+    the function's loops and returns from them so, and such a span would count another loop's body with its own."""
     index = {addr: i for i, (addr, _, _) in enumerate(code)}
     found = []
     for i, (addr, op, rest) in enumerate(code):
@@ -93,7 +95,7 @@ def loops(code: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
             m = BRANCH_TARGET.search(rest)
             if m and int(m.group(1), 16) <= addr and int(m.group(1), 16) in index:
                 found.append((index[int(m.group(1), 16)], i))
-    return found
+    return [(f, l) for f, l in found if not any(a < f <= b < l for a, b in found)]
 
 
 def hot_loop(code) -> Optional[dict]:
@@ -101,10 +103,13 @@ def hot_loop(code) -> Optional[dict]:
     if not cands:
         return None
     hmma = lambda a, b: sum(1 for _, op, _ in code[a:b + 1] if op.startswith("HMMA"))  # noqa: E731
-    first, last = max(cands, key=lambda ab: (hmma(*ab), ab[1] - ab[0]))
+    nested = lambda f, l: sum(1 for a, b in cands if f <= a and b < l and (a, b) != (f, l))  # noqa: E731
+    # the loop with the most tensor work; on a tie the one with fewer loops inside (a kernel's multi-token tail
+    # repeats the step's products in a loop over query tokens), then the longer
+    first, last = max(cands, key=lambda ab: (hmma(*ab), -nested(*ab), ab[1] - ab[0]))
     body = [op for _, op, _ in code[first:last + 1] if op != "NOP"]
     kinds = Counter(op.split(".")[0] for op in body)
-    inner = sum(1 for a, b in cands if first <= a and b < last and (a, b) != (first, last))
+    inner = nested(first, last)
     return dict(instructions=len(body), hmma=kinds["HMMA"], shared_loads=kinds["LDS"] + kinds["LDSM"],
                 barriers=kinds["BAR"], inner_loops=inner)
 

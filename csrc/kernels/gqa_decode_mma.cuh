@@ -13,7 +13,9 @@
 //     Column g of n-tile (h, j) is head dim 64 h + 8 g + j; byte permutes pair two tokens' elements per register.
 //   precision "fp32" (PT = 2) splits P into hi + lo 16-bit parts (two products), so P.V is as accurate as with fp32
 //   probabilities; "native" (PT = 1) rounds P to T once, as every kernel of the field does.
-// Tokens past the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0.
+// Tokens past the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0; so do a
+// row's tokens past its own length, and where the rows (several query tokens) disagree on a step's tokens, V is
+// masked per query token (gqa_pv_ragged), since P = 0 does not keep a NaN or inf in V out (0 x NaN is NaN).
 // An FP8 cache (F8; T the query's 16-bit type): each chunk is 8 e4m3 bytes, converted exactly to T in registers
 // after the load (the same fragments); its K scale multiplies scale_log2 here, its V scale the output in the merge.
 #pragma once
@@ -54,6 +56,28 @@ __device__ __forceinline__ Pairs4 load_chunk(const void* base, int64_t at) {
     return out;
   } else {
     return *reinterpret_cast<const Pairs4*>(static_cast<const T*>(base) + at);
+  }
+}
+
+// P.V of a ragged step (split_kv.cuh's ragged_from; its first token s): once per query token of the tile's rows, P
+// (PT terms) times V masked at that token's length, kept in that token's rows only (mma_rows_upto). The operands are
+// the plain path's (vw: the lane's value chunks of tokens 8u + 2t + e). The query tokens are a loop, not unrolled:
+// this runs on the last steps of a multi-token item only.
+template <typename T, int PT, int VH>
+__device__ __forceinline__ void gqa_pv_ragged(float (&acc)[8 * VH][4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
+                                              const uint32_t (&vw)[2][2][VH][4], const WorkItem& wi, int G,
+                                              const int32_t* seq_lens, int cap, int s, int g, int t) {
+  const int last = wi.token(wi.n - 1, G), mine0 = wi.token(g, G), mine1 = wi.token(g + 8, G);
+#pragma unroll 1
+  for (int q = wi.token(0, G); q <= last; ++q) {  // warp-uniform
+    const int lim = clamp_len(seq_lens[q], cap) - s;
+#pragma unroll
+    for (int h = 0; h < VH; ++h)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t b[2] = {pair_rows(vw[0][0][h], vw[0][1][h], j), pair_rows(vw[1][0][h], vw[1][1][h], j)};
+        mma_rows_upto<T, PT>(acc[8 * h + j], ph, pl, b, lim, t, mine0 == q, mine1 == q);
+      }
   }
 }
 
@@ -106,76 +130,88 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
 
   const float scale_log2 = p.k_scale != nullptr ? p.scale_log2 * *p.k_scale : p.scale_log2;
   const int64_t kh = kvh * p.k_sh, vh = kvh * p.v_sh;  // element offsets of this KV head
-  for (int s = j0 + 16 * warp; s < j1; s += 16 * kGqaMmaWarps) {  // warp-uniform
-    const StepBlocks sb{s / p.block_size, s % p.block_size};
-    // keys: token s + 8 n + g, chunks t + 4 i
-    uint32_t kw[2][KC][4];
+  // Steps from ragged_from on (multi-token decode: the rows disagree on some of a step's tokens, always the last
+  // steps of the item) mask V per query token in P.V (gqa_pv_ragged). The loop runs in two phases, unrolled into two
+  // loops: the plain steps, then the ragged ones; the hot loop holds the plain P.V only.
+  const int rag = ragged_from(wi, 0, G, p.seq_lens, cap, j1);
+  int s = j0 + 16 * warp;
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      int64_t off;
-      const int64_t block = sb.block_of(p, seq, s + 8 * n + g, j1, 8 * n + g, off);
+  for (int phase = 0; phase < 2; ++phase) {
+    for (const int end = phase == 0 ? min(j1, rag - 15) : j1; s < end; s += 16 * kGqaMmaWarps) {  // warp-uniform
+      const StepBlocks sb{s / p.block_size, s % p.block_size};
+      // keys: token s + 8 n + g, chunks t + 4 i
+      uint32_t kw[2][KC][4];
 #pragma unroll
-      for (int i = 0; i < KC; ++i) {
-        Pairs4 pk{};
-        if (block >= 0) pk = load_chunk<T, F8>(p.k, kh + block * p.k_sb + off * p.k_st + 8 * (t + 4 * i));
-#pragma unroll
-        for (int w = 0; w < 4; ++w) kw[n][i][w] = pk.v[w];
-      }
-    }
-    // values: tokens s + 2t + e + 8u, chunks g + 8 h
-    uint32_t vw[2][2][VH][4];
-    bool valid[2][2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
+      for (int n = 0; n < 2; ++n) {
         int64_t off;
-        const int d = 8 * u + 2 * t + e;
-        const int64_t block = sb.block_of(p, seq, s + d, j1, d, off);
-        valid[u][e] = block >= 0;
+        const int64_t block = sb.block_of(p, seq, s + 8 * n + g, j1, 8 * n + g, off);
 #pragma unroll
-        for (int h = 0; h < VH; ++h) {
-          Pairs4 pv{};
-          if (block >= 0) pv = load_chunk<T, F8>(p.v, vh + block * p.v_sb + off * p.v_st + 8 * (g + 8 * h));
+        for (int i = 0; i < KC; ++i) {
+          Pairs4 pk{};
+          if (block >= 0) pk = load_chunk<T, F8>(p.k, kh + block * p.k_sb + off * p.k_st + 8 * (t + 4 * i));
 #pragma unroll
-          for (int w = 0; w < 4; ++w) vw[u][e][h][w] = pv.v[w];
+          for (int w = 0; w < 4; ++w) kw[n][i][w] = pk.v[w];
         }
       }
-    // scores: sc[u] = rows (g, g + 8) x tokens (s + 8u + 2t, + 1)
-    float sc[2][4];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) sc[u][i] = 0.f;
-#pragma unroll
-      for (int i = 0; i < KC; ++i) {
-        const uint32_t b0[2] = {kw[u][i][0], kw[u][i][1]}, b1[2] = {kw[u][i][2], kw[u][i][3]};
-        mma_16816<T>(sc[u], qa[2 * i], b0);
-        mma_16816<T>(sc[u], qa[2 * i + 1], b1);
-      }
-    }
-    // online softmax, once per step: row r's scores are sc[u][2r + e]; the 4 lanes of a row group share m
-    uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-    for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
-      float x[2][2];
+      // values: tokens s + 2t + e + 8u, chunks g + 8 h
+      uint32_t vw[2][2][VH][4];
+      bool valid[2][2];
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          x[u][e] = valid[u][e] && s + 8 * u + 2 * t + e < len[r] ? sc[u][2 * r + e] * scale_log2 : -INFINITY;
-      softmax_step<T, PT>(x, r, m[r], l[r], acc, ph, pl);
-    }
-    if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
-    // P.V: n-tile (h, j), column g = head dim 64 h + 8 g + j; k = tokens 2t, 2t+1 | 2t+8, 2t+9
+        for (int e = 0; e < 2; ++e) {
+          int64_t off;
+          const int d = 8 * u + 2 * t + e;
+          const int64_t block = sb.block_of(p, seq, s + d, j1, d, off);
+          valid[u][e] = block >= 0;
 #pragma unroll
-    for (int h = 0; h < VH; ++h)
+          for (int h = 0; h < VH; ++h) {
+            Pairs4 pv{};
+            if (block >= 0) pv = load_chunk<T, F8>(p.v, vh + block * p.v_sb + off * p.v_st + 8 * (g + 8 * h));
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t b[2] = {pair_rows(vw[0][0][h], vw[0][1][h], j), pair_rows(vw[1][0][h], vw[1][1][h], j)};
-        mma_16816<T>(acc[8 * h + j], ph, b);
-        if constexpr (PT == 2) mma_16816<T>(acc[8 * h + j], pl, b);
+            for (int w = 0; w < 4; ++w) vw[u][e][h][w] = pv.v[w];
+          }
+        }
+      // scores: sc[u] = rows (g, g + 8) x tokens (s + 8u + 2t, + 1)
+      float sc[2][4];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[u][i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < KC; ++i) {
+          const uint32_t b0[2] = {kw[u][i][0], kw[u][i][1]}, b1[2] = {kw[u][i][2], kw[u][i][3]};
+          mma_16816<T>(sc[u], qa[2 * i], b0);
+          mma_16816<T>(sc[u], qa[2 * i + 1], b1);
+        }
       }
+      // online softmax, once per step: row r's scores are sc[u][2r + e]; the 4 lanes of a row group share m
+      uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+      for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
+        float x[2][2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            x[u][e] = valid[u][e] && s + 8 * u + 2 * t + e < len[r] ? sc[u][2 * r + e] * scale_log2 : -INFINITY;
+        softmax_step<T, PT>(x, r, m[r], l[r], acc, ph, pl);
+      }
+      if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
+      // P.V: n-tile (h, j), column g = head dim 64 h + 8 g + j; k = tokens 2t, 2t+1 | 2t+8, 2t+9
+      if (phase == 0) {
+#pragma unroll
+        for (int h = 0; h < VH; ++h)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const uint32_t b[2] = {pair_rows(vw[0][0][h], vw[0][1][h], j), pair_rows(vw[1][0][h], vw[1][1][h], j)};
+            mma_16816<T>(acc[8 * h + j], ph, b);
+            if constexpr (PT == 2) mma_16816<T>(acc[8 * h + j], pl, b);
+          }
+      } else {
+        gqa_pv_ragged<T, PT, VH>(acc, ph, pl, vw, wi, G, p.seq_lens, cap, s, g, t);
+      }
+    }
   }
   // the row sums of the 4 lanes of a row group; then this warp's state into slot `warp`
 #pragma unroll

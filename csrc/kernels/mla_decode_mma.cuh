@@ -11,8 +11,10 @@
 // ones and P.V as with fp32 probabilities: with 2 query terms the LSE misses the tolerance table at sharp softmax.
 // Shared rows are swizzled: 16-byte chunk c of row r sits at c ^ swizzle(r), which keeps both the key reads (8 rows x
 // 4 chunks per quarter-warp) and the value reads (4 rows x 2 chunks) on distinct banks. Tokens past the split, past
-// seq_len, or in blocks outside the cache are never read (zeros) and get P = 0. Writes the normalised fp32 partial
-// and natural LSE of each split, as mla_split_kernel does.
+// seq_len, or in blocks outside the cache are never read (zeros) and get P = 0; so do a row's tokens past its own
+// length, and where the rows (several query tokens) disagree on a step's tokens, V is masked per query token
+// (mla_mma_pv_ragged), since P = 0 does not keep a NaN or inf in V out (0 x NaN is NaN). Writes the normalised fp32
+// partial and natural LSE of each split, as mla_split_kernel does.
 // An FP8 cache (F8; T the query's 16-bit type): the e4m3 rows go by cp.async into two raw stages (half the bytes),
 // and each step's rows, once in, are converted exactly to T into one 16-bit stage that the products read as above
 // (one more barrier a step; the same shared memory); the cache's scale multiplies the summed scores (not the query
@@ -26,6 +28,26 @@
 namespace dcp_ops::kernels {
 
 __device__ __forceinline__ int mla_swizzle(int r) { return (((r >> 1) & 3) << 1) ^ ((r & 1) << 2); }
+
+// P.V of a ragged step (split_kv.cuh's ragged_from; its first token s): once per query token of the block's rows,
+// both P terms times V masked at that token's length, kept in that token's rows only (mma_rows_upto). The operands
+// are the plain path's (vw: the lane's value words, tokens 8u + 2t + e). The query tokens are a loop, not unrolled:
+// this runs on the last steps of a multi-token item only.
+template <typename T>
+__device__ __forceinline__ void mla_mma_pv_ragged(float (&acc)[8][4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
+                                                  const uint32_t (&vw)[2][2][4], const WorkItem& wi,
+                                                  const MlaParams& p, int cap, int s, int g, int t) {
+  const int last = wi.token(wi.n - 1, p.H), mine0 = wi.token(g, p.H), mine1 = wi.token(g + 8, p.H);
+#pragma unroll 1
+  for (int q = wi.token(0, p.H); q <= last; ++q) {  // warp-uniform
+    const int lim = clamp_len(p.seq_lens[q], cap) - s;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t b[2] = {pair_rows(vw[0][0], vw[0][1], j), pair_rows(vw[1][0], vw[1][1], j)};
+      mma_rows_upto<T, 2>(acc[j], ph, pl, b, lim, t, mine0 == q, mine1 == q);
+    }
+  }
+}
 
 template <int NW, int DK, typename T>
 constexpr int mla_mma_smem_bytes() {  // partial scores, row offsets of 3 steps, two stages of 16 rows (F8: one, and
@@ -124,93 +146,106 @@ __device__ __forceinline__ void mla_mma_body(const MlaParams& p) {
   __syncthreads();
   if (steps > 0) issue(0, 0);
   cp_async_commit();
-  for (int k = 0; k < steps; ++k) {
-    const int stage = k & 1, buf = k % 3;
-    const int64_t ahead = threadIdx.x < 16 ? row_of(j0 + 16 * (k + 2) + threadIdx.x) : -1;
-    if (k + 1 < steps) issue((k + 1) % 3, stage ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();  // this step's rows are in
-    if constexpr (F8) {
-      convert(stage);
-      __syncthreads();  // ... and converted
-    }
-    const T* R = rows + (F8 ? 0 : stage) * 16 * DK;
-    float sc[2][4];
+  // Steps from ragged_from on (multi-token decode: the rows disagree on some of a step's tokens, always the last
+  // steps of the item) mask V per query token in P.V (mla_mma_pv_ragged). The loop runs in two phases, unrolled into
+  // two loops: the plain steps, then the ragged ones; the hot loop holds the plain P.V only.
+  const int rag = ragged_from(wi, 0, p.H, p.seq_lens, cap, j1);
+  const int plain_steps = rag == kNotRagged ? steps : min(steps, max(0, (rag - j0) / 16));
+  int k = 0;
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {  // keys: row 8 n + g, chunks 4 cg + t
-      const T* row = R + (8 * n + g) * DK;
-      const int sw = mla_swizzle(8 * n + g);
-      float c3[3][4];  // one accumulator per query term: 3 independent chains of tensor-core products, not one
+  for (int phase = 0; phase < 2; ++phase) {
+    for (const int end = phase == 0 ? plain_steps : steps; k < end; ++k) {
+      const int stage = k & 1, buf = k % 3;
+      const int64_t ahead = threadIdx.x < 16 ? row_of(j0 + 16 * (k + 2) + threadIdx.x) : -1;
+      if (k + 1 < steps) issue((k + 1) % 3, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+      __syncthreads();  // this step's rows are in
+      if constexpr (F8) {
+        convert(stage);
+        __syncthreads();  // ... and converted
+      }
+      const T* R = rows + (F8 ? 0 : stage) * 16 * DK;
+      float sc[2][4];
 #pragma unroll
-      for (int k = 0; k < 3; ++k)
+      for (int n = 0; n < 2; ++n) {  // keys: row 8 n + g, chunks 4 cg + t
+        const T* row = R + (8 * n + g) * DK;
+        const int sw = mla_swizzle(8 * n + g);
+        float c3[3][4];  // one accumulator per query term: 3 independent chains of tensor-core products, not one
 #pragma unroll
-        for (int i = 0; i < 4; ++i) c3[k][i] = 0.f;
+        for (int k = 0; k < 3; ++k)
 #pragma unroll
-      for (int i = 0; i < CGW; ++i) {
-        const int cg = warp + NW * i;
-        if (CG % NW != 0 && cg >= CG) break;  // warp-uniform
-        const Pairs4 w = *reinterpret_cast<const Pairs4*>(row + 8 * ((4 * cg + t) ^ sw));
-        const uint32_t b0[2] = {w.v[0], w.v[1]}, b1[2] = {w.v[2], w.v[3]};
+          for (int i = 0; i < 4; ++i) c3[k][i] = 0.f;
 #pragma unroll
-        for (int k = 0; k < 3; ++k) {
-          mma_16816<T>(c3[k], qa[i][0][k], b0);
-          mma_16816<T>(c3[k], qa[i][1][k], b1);
+        for (int i = 0; i < CGW; ++i) {
+          const int cg = warp + NW * i;
+          if (CG % NW != 0 && cg >= CG) break;  // warp-uniform
+          const Pairs4 w = *reinterpret_cast<const Pairs4*>(row + 8 * ((4 * cg + t) ^ sw));
+          const uint32_t b0[2] = {w.v[0], w.v[1]}, b1[2] = {w.v[2], w.v[3]};
+#pragma unroll
+          for (int k = 0; k < 3; ++k) {
+            mma_16816<T>(c3[k], qa[i][0][k], b0);
+            mma_16816<T>(c3[k], qa[i][1][k], b1);
+          }
+        }
+        // An infinite key element times the query's three terms gives +-inf per term (or NaN from a zero term), so
+        // the sum can be NaN where the score is +-inf: then the first term's (the reference's sign) stands.
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float s = c3[0][i] + (c3[1][i] + c3[2][i]);
+          part[((warp * 2 + n) * 32 + lane) * 4 + i] = isnan(s) && !isnan(c3[0][i]) ? c3[0][i] : s;
         }
       }
-      // An infinite key element times the query's three terms gives +-inf per term (or NaN from a zero term), so
-      // the sum can be NaN where the score is +-inf: then the first term's (the reference's sign) stands.
+      __syncthreads();  // every warp's partial scores are in
+      const float ks = F8 ? *p.k_scale : 1.f;  // an FP8 cache's scale, into the summed scores (read here: no register
+                                               // held across the step loop)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float s = c3[0][i] + (c3[1][i] + c3[2][i]);
-        part[((warp * 2 + n) * 32 + lane) * 4 + i] = isnan(s) && !isnan(c3[0][i]) ? c3[0][i] : s;
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float x = 0.f;
+#pragma unroll
+          for (int w = 0; w < NW; ++w) x += part[((w * 2 + n) * 32 + lane) * 4 + i];
+          sc[n][i] = x * ks;
+        }
+      // online softmax of rows g, g + 8 (scores already in log2 units), tokens 8u + 2t + e
+      uint32_t ph[4], pl[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float x[2][2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            x[u][e] = rowoff[buf * 16 + 8 * u + 2 * t + e] >= 0 && j0 + 16 * k + 8 * u + 2 * t + e < len[r]
+                          ? sc[u][2 * r + e]
+                          : -INFINITY;
+        softmax_step<T, 2>(x, r, m[r], l[r], acc, ph, pl);
       }
-    }
-    __syncthreads();  // every warp's partial scores are in
-    const float ks = F8 ? *p.k_scale : 1.f;  // an FP8 cache's scale, into the summed scores (read here: no register
-                                             // held across the step loop)
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float x = 0.f;
-#pragma unroll
-        for (int w = 0; w < NW; ++w) x += part[((w * 2 + n) * 32 + lane) * 4 + i];
-        sc[n][i] = x * ks;
-      }
-    // online softmax of rows g, g + 8 (scores already in log2 units), tokens 8u + 2t + e
-    uint32_t ph[4], pl[4];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float x[2][2];
+      // P.V over this warp's latent dims: n-tile j, column g = dim 64 warp + 8 g + j; rows 8u + 2t + e
+      uint32_t vw[2][2][4];
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          x[u][e] = rowoff[buf * 16 + 8 * u + 2 * t + e] >= 0 && j0 + 16 * k + 8 * u + 2 * t + e < len[r]
-                        ? sc[u][2 * r + e]
-                        : -INFINITY;
-      softmax_step<T, 2>(x, r, m[r], l[r], acc, ph, pl);
-    }
-    // P.V over this warp's latent dims: n-tile j, column g = dim 64 warp + 8 g + j; rows 8u + 2t + e
-    uint32_t vw[2][2][4];
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * u + 2 * t + e;
+          const Pairs4 w = *reinterpret_cast<const Pairs4*>(R + r * DK + 8 * ((8 * warp + g) ^ mla_swizzle(r)));
 #pragma unroll
-    for (int u = 0; u < 2; ++u)
+          for (int i = 0; i < 4; ++i) vw[u][e][i] = w.v[i];
+        }
+      if (phase == 0) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int r = 8 * u + 2 * t + e;
-        const Pairs4 w = *reinterpret_cast<const Pairs4*>(R + r * DK + 8 * ((8 * warp + g) ^ mla_swizzle(r)));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) vw[u][e][i] = w.v[i];
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t b[2] = {pair_rows(vw[0][0], vw[0][1], j), pair_rows(vw[1][0], vw[1][1], j)};
+          mma_16816<T>(acc[j], ph, b);
+          mma_16816<T>(acc[j], pl, b);
+        }
+      } else {
+        mla_mma_pv_ragged<T>(acc, ph, pl, vw, wi, p, cap, j0 + 16 * k, g, t);
       }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t b[2] = {pair_rows(vw[0][0], vw[0][1], j), pair_rows(vw[1][0], vw[1][1], j)};
-      mma_16816<T>(acc[j], ph, b);
-      mma_16816<T>(acc[j], pl, b);
+      if (threadIdx.x < 16) rowoff[(k + 2) % 3 * 16 + threadIdx.x] = ahead;  // last read in step k - 1
+      __syncthreads();  // before the next step overwrites the partial scores and, one step on, this stage
     }
-    if (threadIdx.x < 16) rowoff[(k + 2) % 3 * 16 + threadIdx.x] = ahead;  // last read in step k - 1
-    __syncthreads();  // before the next step overwrites the partial scores and, one step on, this stage
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

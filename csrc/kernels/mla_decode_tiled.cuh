@@ -13,15 +13,18 @@
 //   - the two warps of a row group exchange their row maxima through shared memory and so share m; P (rounded to T)
 //     and the rescale factors go to shared memory;
 //   - P.V: warp w owns output columns DL / 8 * w, ... for all 64 rows; A (P) by ldmatrix, B (V) by ldmatrix.trans.
-// Shared tiles are swizzled by 16-byte chunks: chunk c of row r sits at c ^ (r & 7) (c ^ (r & 3) in a 4-chunk P
-// row), so the 8 rows an ldmatrix reads, and the 8 rows a warp's P stores touch, are on distinct banks. Tokens past
+// Shared tiles are swizzled by 16-byte chunks: chunk c of row r sits at c ^ (r & 7) (c ^ ((r >> 1) & 3) in a 4-chunk
+// P row), so the 8 rows an ldmatrix reads, and the 8 rows a warp's P stores touch, are on distinct banks. Tokens past
 // the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0; so do a row's tokens
-// past its own length. Writes the normalised fp32 partial and natural LSE of each split, as mla_split_kernel does.
+// past its own length. A row's P = 0 does not keep a NaN or inf in a masked token's V out of P.V (0 x NaN is NaN),
+// so where a row group's rows (several query tokens) disagree on a tile's tokens, V is masked per query token
+// (mla_tiled_pv_ragged). Writes the normalised fp32 partial and natural LSE of each split, as mla_split_kernel does.
 // An FP8 cache (F8; a 16-bit query, T its type): the tiles' e4m3 rows are copied by cp.async into two raw stages (half
 // the bytes), and each tile, once in, is converted exactly to T into one 16-bit stage that the products read as
 // above (one more barrier a tile); the cache's scale multiplies scale_log2 here and the output in the merge.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "kernels/cp_async.cuh"
@@ -40,10 +43,56 @@ constexpr int mla_tiled_smem_bytes() {
          (2 * kMlaRows + 2 * kMlaRows + kMlaRows + 2 * BN) * 4;
 }
 
+// The swizzle of row r of a tile of CH 16-byte chunks a row: chunk c sits at c ^ swizzle_of<CH>(r). Rows of 8 or more
+// chunks (128 bytes or more) XOR with r & 7; 4-chunk (64-byte) rows, two to a 128-byte bank line, with (r >> 1) & 3
+// (FlashInfer's 64-byte mode). Either way the 8 consecutive rows an ldmatrix phase reads (or a warp's 32-bit stores
+// touch) at one logical chunk fall on 8 distinct groups of 4 banks.
+template <int CH>
+__device__ __forceinline__ int swizzle_of(int r) {
+  static_assert(CH >= 8 || CH == 4, "tile rows of 4 or of 8 and more 16-byte chunks");
+  return CH >= 8 ? r & 7 : (r >> 1) & 3;
+}
+
 // Element offset of 16-byte chunk c of row r in a swizzled tile of CH chunks a row.
 template <int CH>
 __device__ __forceinline__ int swizzled(int r, int c) {
-  return r * CH * 8 + 8 * (c ^ (r & (CH >= 8 ? 7 : CH - 1)));
+  return r * CH * 8 + 8 * (c ^ swizzle_of<CH>(r));
+}
+
+// P.V of a ragged tile (split_kv.cuh's ragged_from; its first token s): each row group takes each k-step once per
+// query token of its rows, V masked at that token's length and the result kept in that token's rows only
+// (mma_rows_upto). The operands are the plain path's: P's A fragments at pa (mla_tiled_kernel's pa0), V's B fragments
+// by ldmatrix.trans at va (va0 and the stage's offset). It runs on the last tiles of a multi-token item only: the
+// k-steps and query tokens are loops, not unrolled, and the kernel's code stays small.
+template <typename T, int DL, int DK, int BN, int NV>
+__device__ __forceinline__ void mla_tiled_pv_ragged(float (&acc)[4][NV][4], SmemAddr pa, SmemAddr va, int pch,
+                                                    int vch, int sw, const WorkItem& wi, const MlaParams& p, int cap,
+                                                    int s, int g, int t) {
+  constexpr int PCH = BN / 8;
+#pragma unroll 1
+  for (int ks = 0; ks < BN / 16; ++ks) {
+#pragma unroll
+    for (int rg = 0; rg < 4; ++rg) {
+      if (16 * rg >= wi.n) continue;
+      uint32_t a[4];
+      ldmatrix_x4<false>(a, pa + (rg * 16 * BN + 8 * ((2 * ks + pch) ^ swizzle_of<PCH>(sw))) *
+                                     static_cast<int>(sizeof(T)));
+      const int last = wi.token(min(16 * rg + 15, wi.n - 1), p.H);
+      const int mine0 = wi.token(16 * rg + g, p.H), mine1 = wi.token(16 * rg + g + 8, p.H);
+#pragma unroll 1
+      for (int q = wi.token(16 * rg, p.H); q <= last; ++q) {  // warp-uniform
+        const int lim = clamp_len(p.seq_lens[q], cap) - (s + 16 * ks);
+#pragma unroll
+        for (int np = 0; np < NV / 2; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4<true>(b, va + (16 * ks * DK + 8 * ((vch + 2 * np) ^ sw)) * static_cast<int>(sizeof(T)));
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma_rows_upto<T, 1>(acc[rg][2 * np], a, a, b0, lim, t, mine0 == q, mine1 == q);
+          mma_rows_upto<T, 1>(acc[rg][2 * np + 1], a, a, b1, lim, t, mine0 == q, mine1 == q);
+        }
+      }
+    }
+  }
 }
 
 template <typename T, int DL, int DR, int BN, bool F8>
@@ -164,7 +213,15 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
   const int lim[2] = {row_len(wi, 16 * sg + g, p.H, p.seq_lens, cap) - tok0,
                       row_len(wi, 16 * sg + g + 8, p.H, p.seq_lens, cap) - tok0};
 
-  for (int k = 0; k < tiles; ++k) {
+  // Tiles from ragged_from on (multi-token decode: a row group's rows disagree on some of a tile's tokens, always the
+  // last tiles of the item) mask V per query token in P.V (mla_tiled_pv_ragged). The loop runs in two phases, unrolled
+  // (two loops over one step, tile_step): the plain tiles, then the ragged ones; the hot loop holds the plain P.V only.
+  int rag = kNotRagged;
+#pragma unroll
+  for (int rg = 0; rg < 4; ++rg) rag = min(rag, ragged_from(wi, 16 * rg, p.H, p.seq_lens, cap, j1));
+  const int plain_tiles = rag == kNotRagged ? tiles : min(tiles, max(0, (rag - j0) / BN));
+  // One tile: wait for it, issue the next, scores, softmax, P.V (masked per query token when `ragged`).
+  auto tile_step = [&](const int k, auto ragged) {
     const int stage = k & 1;
     cp_async_wait<0>();
     __syncthreads();  // tile k is in; every warp is done with tile k - 1 (its stage, P, rescales)
@@ -230,8 +287,7 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
       for (int n = 0; n < NT; ++n) {
         const float p0 = exp2f(sc[n][2 * r] - mu), p1 = exp2f(sc[n][2 * r + 1] - mu);
         sum += p0 + p1;
-        *reinterpret_cast<uint32_t*>(sP + swizzled<PCH>(row, NT * half + n) + 2 * t) =
-            pack2(from_f32<T>(p0), from_f32<T>(p1));
+        st_shared_u32(sP + swizzled<PCH>(row, NT * half + n) + 2 * t, pack2(from_f32<T>(p0), from_f32<T>(p1)));
       }
       l[r] = l[r] * alpha + sum;
       m[r] = m_new;
@@ -252,28 +308,35 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
         acc[rg][n][3] *= a1;
       }
     }
+    if constexpr (!decltype(ragged)::value) {
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) {
-      uint32_t a[4][4];
+      for (int ks = 0; ks < BN / 16; ++ks) {
+        uint32_t a[4][4];
 #pragma unroll
-      for (int rg = 0; rg < 4; ++rg)
-        if (16 * rg < nrows)
-          ldmatrix_x4<false>(a[rg], pa0 + (rg * 16 * BN + 8 * ((2 * ks + pch) ^ (sw & (PCH >= 8 ? 7 : PCH - 1)))) *
-                                              static_cast<int>(sizeof(T)));
+        for (int rg = 0; rg < 4; ++rg)
+          if (16 * rg < nrows)
+            ldmatrix_x4<false>(a[rg], pa0 + (rg * 16 * BN + 8 * ((2 * ks + pch) ^ swizzle_of<PCH>(sw))) *
+                                                static_cast<int>(sizeof(T)));
 #pragma unroll
-      for (int np = 0; np < NV / 2; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4<true>(b, va0 + kvo + (16 * ks * DK + 8 * ((vch + 2 * np) ^ sw)) * static_cast<int>(sizeof(T)));
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        for (int np = 0; np < NV / 2; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4<true>(b, va0 + kvo + (16 * ks * DK + 8 * ((vch + 2 * np) ^ sw)) * static_cast<int>(sizeof(T)));
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
-        for (int rg = 0; rg < 4; ++rg) {
-          if (16 * rg >= nrows) continue;
-          mma_16816<T>(acc[rg][2 * np], a[rg], b0);
-          mma_16816<T>(acc[rg][2 * np + 1], a[rg], b1);
+          for (int rg = 0; rg < 4; ++rg) {
+            if (16 * rg >= nrows) continue;
+            mma_16816<T>(acc[rg][2 * np], a[rg], b0);
+            mma_16816<T>(acc[rg][2 * np + 1], a[rg], b1);
+          }
         }
       }
+    } else {
+      mla_tiled_pv_ragged<T, DL, DK, BN, NV>(acc, pa0, va0 + kvo, pch, vch, sw, wi, p, cap, j0 + k * BN, g, t);
     }
-  }
+  };
+  int k = 0;
+  for (; k < plain_tiles; ++k) tile_step(k, std::false_type());
+  for (; k < tiles; ++k) tile_step(k, std::true_type());
 
   // the halves' row sums (same m in both); then each warp writes its columns of every row
 #pragma unroll
@@ -310,7 +373,8 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
 }
 
 // The shared memory a block of the tiled kernel may use on this device (the opt-in limit); under the executor
-// DCP_SIMT_SMEM_OPTIN, default an H100's, so the tests can ask for the smaller tiles and the fallback.
+// DCP_SIMT_SMEM_OPTIN, default an H100's, so the tests can ask for the smaller tiles and the fallback. On a GPU a
+// test may lower (never raise) the device's limit with DCP_OPS_TEST_SMEM_OPTIN to run those paths there.
 inline int smem_optin_bytes() {
 #ifdef DCP_SIMT
   const char* v = std::getenv("DCP_SIMT_SMEM_OPTIN");
@@ -320,7 +384,8 @@ inline int smem_optin_bytes() {
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
     return 0;
-  return bytes;
+  const char* cap = std::getenv("DCP_OPS_TEST_SMEM_OPTIN");
+  return cap != nullptr && std::atoi(cap) > 0 ? std::min(bytes, std::atoi(cap)) : bytes;
 #endif
 }
 

@@ -225,4 +225,29 @@ __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t 
 }
 #endif
 
+// One P.V product (k = a step's 16 tokens) for one query token's rows of the A tile, in a step whose tokens some rows
+// of the tile attend and others mask (multi-token decode, split_kv.cuh's ragged_from): V's halves of the tokens
+// k >= lim are zeroed in registers (this lane's B halves hold k = 2t, 2t + 1 in b[0] and 2t + 8, 2t + 9 in b[1], the
+// lower k in the low half), d = c + P V (P in PT terms: ph, then pl), and c takes d in rows g (row0) and g + 8 (row1)
+// only, by a select. Those rows' P is 0 at every zeroed token, so they get what c += P V gives them when V is finite,
+// and no NaN or inf of a token they mask; a NaN or inf of a token they attend still reaches them. The caller runs it
+// once per query token of the tile (each row is one token's), warp-uniformly.
+template <typename T, int PT>
+__device__ __forceinline__ void mma_rows_upto(float (&c)[4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
+                                              const uint32_t (&b)[2], int lim, int t, bool row0, bool row1) {
+  uint32_t bm[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int k = 2 * t + 8 * i;
+    bm[i] = k + 1 < lim ? b[i] : k < lim ? b[i] & 0xffffu : 0u;
+  }
+  float d[4] = {c[0], c[1], c[2], c[3]};
+  mma_16816<T>(d, ph, bm);
+  if constexpr (PT == 2) mma_16816<T>(d, pl, bm);
+  c[0] = row0 ? d[0] : c[0];
+  c[1] = row0 ? d[1] : c[1];
+  c[2] = row1 ? d[2] : c[2];
+  c[3] = row1 ? d[3] : c[3];
+}
+
 }  // namespace dcp_ops::kernels

@@ -29,6 +29,22 @@ __device__ __forceinline__ int row_len(const WorkItem& it, int r, int G, const i
   return r < it.n ? clamp_len(seq_lens[it.token(r, G)], capacity) : 0;
 }
 
+// Multi-token decode on tensor cores: P.V is one product over 16 tokens for the 16 rows of an A tile, and 0 x NaN is
+// NaN, so a token that one row of the tile attends and another masks must not reach the masking row through its V.
+// For the tile of rows r0 .. r0 + 15 (those below it.n), the least of its rows' lengths where it is below j1 (the
+// tokens from there up to j1 are read, for this tile or another of the item, and masked for some row of this one),
+// else kNotRagged. A P.V step over tokens [s, s + 16) needs per-token masking (mma.cuh's mma_rows_upto) iff
+// s + 16 > ragged_from: never where the tile's rows share one length (single-token decode: j1 <= that length).
+constexpr int kNotRagged = 0x7fffffff;
+__device__ __forceinline__ int ragged_from(const WorkItem& it, int r0, int G, const int32_t* seq_lens, int capacity,
+                                           int j1) {
+  if (r0 >= it.n) return kNotRagged;
+  const int last = it.token(min(r0 + 15, it.n - 1), G);
+  int lo = kNotRagged;
+  for (int q = it.token(r0, G); q <= last; ++q) lo = min(lo, clamp_len(seq_lens[q], capacity));
+  return lo < j1 ? lo : kNotRagged;
+}
+
 template <int LANES>
 __device__ __forceinline__ float group_sum(float x) {  // sum over aligned groups of LANES lanes
 #pragma unroll

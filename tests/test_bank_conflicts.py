@@ -1,0 +1,49 @@
+"""Shared-memory bank conflicts of the tiled MLA kernel (mla_decode_tiled.cuh), counted by the SIMT executor.
+
+Every warp-wide shared access the kernel makes through the executor (its ldmatrix loads of Q, K, V and P, and its P
+stores, st_shared_u32) must take the fewest wavefronts its size allows: the 16-byte-chunk swizzles put the 8 rows an
+ldmatrix phase reads, and the 8 rows a warp's P stores touch, on distinct banks. Both token tiles: BN = 64 (128-byte P
+rows) and BN = 32 (64-byte P rows, the configuration of devices with less shared memory, chosen here through
+DCP_SIMT_SMEM_OPTIN), bf16 and fp8 caches (whose tiles are converted into the same 16-bit layout), latent 512 + 64 and
+256 + 0, one query token and two (rows of two tokens in one row group).
+"""
+import pytest
+import torch
+
+from conftest import paged_cache
+
+pytestmark = pytest.mark.simt
+
+FP8 = torch.float8_e4m3fn
+
+
+# (latent, rope, shared memory a block may opt in to, the token tile the kernel then takes): an H100's 227 KiB takes
+# 64-token tiles; an A100's 163 KiB takes 32 at 512 + 64, and 100000 bytes takes 32 at 256 + 0
+CONFIGS = [(512, 64, None, 64), (512, 64, 166912, 32), (256, 0, None, 64), (256, 0, 100000, 32)]
+
+
+@pytest.mark.parametrize("latent,rope,optin,tile", CONFIGS, ids=["512-bn64", "512-bn32", "256-bn64", "256-bn32"])
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, FP8], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_tiled_mla_kernel_is_bank_conflict_free(simt_ops, monkeypatch, latent, rope, optin, tile, cache_dtype,
+                                                tokens):
+    if optin is not None:
+        monkeypatch.setenv("DCP_SIMT_SMEM_OPTIN", str(optin))
+    gen = torch.Generator().manual_seed(latent + rope + tile + tokens)
+    lens = [tile + 7] * tokens  # two tiles, the second partial
+    kv, table = paged_cache(lens[:1], 64, (latent + rope,), torch.float32, gen)
+    kv = kv.to(cache_dtype)
+    H = 16
+    q_nope = torch.randn(tokens, H, latent, generator=gen).bfloat16()
+    q_pe = torch.randn(tokens, H, rope, generator=gen).bfloat16()
+    seq_lens = torch.tensor([lens[0] - tokens + 1 + i for i in range(tokens)], dtype=torch.int32)
+    kwargs = dict(cu_seqlens_q=torch.tensor([0, tokens], dtype=torch.int32)) if tokens > 1 else {}
+    if cache_dtype == FP8:
+        kwargs["kv_scale"] = torch.tensor([1.0])
+    simt_ops.bank_stats(True)
+    out, lse = simt_ops.mla_decode_partial(q_nope, q_pe, kv, table, seq_lens, 0.05, **kwargs)
+    requests, wavefronts, ideal = simt_ops.bank_stats(True)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert requests > 0, "the tiled kernel made no counted shared access: it did not run"
+    assert wavefronts == ideal, (f"{requests} warp-wide shared accesses took {wavefronts} wavefronts, "
+                                 f"{wavefronts - ideal} more than the {ideal} their sizes need (bank conflicts)")
