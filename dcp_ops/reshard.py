@@ -223,11 +223,14 @@ def _membership(fn: str, group) -> Tuple[int, int]:
 
 
 def _local_verdict(check: Callable[[], None]) -> Optional[Tuple[int, str]]:
-    """(1 for ValueError / 2 for TypeError, message) of what `check` raises on this rank, or None."""
+    """(2 for TypeError / 1 for anything else, message) of what `check` raises on this rank, or None. Any exception
+    is caught: a rank that raised on its own would leave the others waiting in the collective that follows."""
     try:
         check()
-    except (ValueError, TypeError) as e:
-        return (2 if isinstance(e, TypeError) else 1), str(e)
+    except TypeError as e:
+        return 2, str(e)
+    except Exception as e:  # noqa: BLE001 (reported to every rank as a ValueError, with its type)
+        return 1, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
     return None
 
 
@@ -235,7 +238,8 @@ def _agree(fn: str, group, verdict: Optional[Tuple[int, str]], fields: List[int]
     """All-gathers every rank's local verdict and fields (a fixed number of ints); raises the lowest failing rank's
     error on every rank, else returns each rank's fields, in group-rank order."""
     kind, message = verdict or (0, "")
-    text = list(message.encode()[:_MAX_MESSAGE])
+    raw = message.encode()
+    text = list(raw if len(raw) <= _MAX_MESSAGE else raw[:_MAX_MESSAGE - 3] + "...".encode())
     mine = torch.tensor([kind, len(text)] + text + [0] * (_MAX_MESSAGE - len(text)) + list(fields), dtype=I64)
     device = _comm_device(group)
     every = torch.empty((dist.get_world_size(group), mine.numel()), dtype=I64, device=device)
@@ -509,9 +513,24 @@ def _move(src_caches, dst_caches, runs: Tensor, plan: _Plan, me: int, world: int
         _unpack(dst_caches, *_run_slots(local, DST_BLOCK), local_data)
 
 
+def _check_plan_placement(fn: str, side: str, placement: Optional[Placement], ranks, caches) -> None:
+    """A side's placement, when given, against its rank list and this process's caches of that side."""
+    if placement is None:
+        return
+    if not isinstance(placement, Placement):
+        raise TypeError(f"{fn}: {side} must be None or a dcp_ops.Placement, got {type(placement).__name__}")
+    if len(ranks) != placement.world_size:
+        raise ValueError(f"{fn}: {side}_ranks lists {len(ranks)} group ranks, but {side} has world_size "
+                         f"{placement.world_size}")
+    for c, cache in enumerate(caches or []):
+        if cache.shape[1] != placement.block_size:
+            raise ValueError(f"{fn}: {side}_caches[{c}] has block_size {cache.shape[1]}, but {side} has block_size "
+                             f"{placement.block_size}")
+
+
 def reshard_kv(src_caches: Optional[Sequence[Tensor]], dst_caches: Optional[Sequence[Tensor]], runs: Tensor,
-               group: Optional[dist.ProcessGroup] = None, *, src_ranks: Sequence[int],
-               dst_ranks: Sequence[int]) -> None:
+               group: Optional[dist.ProcessGroup] = None, *, src_ranks: Sequence[int], dst_ranks: Sequence[int],
+               src: Optional[Placement] = None, dst: Optional[Placement] = None) -> None:
     """Executes a transfer_runs plan over a process group (gloo or NCCL); every rank of the group calls it.
 
     src_caches, dst_caches: this process's caches of each side, a list ([k_cache, v_cache] for GQA, [kv_cache] for
@@ -521,7 +540,9 @@ def reshard_kv(src_caches: Optional[Sequence[Tensor]], dst_caches: Optional[Sequ
     (fp8 too) packed per peer, in one all_to_all_single. Source caches are never written, nor destination slots
     outside the runs. Refused with the same error on every rank before anything moves: rank lists that are
     malformed or differ between ranks, caches given (or missing) where the lists say otherwise, dtypes or entry
-    shapes that differ between the sides, runs that differ between ranks or point outside a cache.
+    shapes that differ between the sides, runs that differ between ranks or point outside a cache. src, dst
+    (optional): the placements the plan was made for; given, a rank list of another length than its world size or
+    a cache of another block size is refused too (a plan made for other blocks would otherwise write wrong slots).
     """
     fn = "reshard_kv"
     me, world = _membership(fn, group)
@@ -533,6 +554,8 @@ def reshard_kv(src_caches: Optional[Sequence[Tensor]], dst_caches: Optional[Sequ
             if caches is not None:
                 _check_caches(fn, name, caches)
         _check_runs_tensor(fn, runs)
+        _check_plan_placement(fn, "src", src, src_ranks, src_caches)
+        _check_plan_placement(fn, "dst", dst, dst_ranks, dst_caches)
 
     verdict = _local_verdict(local_checks)
     every = _agree(fn, group, verdict, _reshard_fields(src_caches, dst_caches, runs, src_ranks, dst_ranks, world,

@@ -293,9 +293,10 @@ def _refusals_worker(rank, world, init_file):
     dst_caches = [torch.full_like(w, NAN) for w in want[rank - 2]] if rank >= 2 else None
     held = (src_caches or []) + (dst_caches or [])
 
-    def attempt(src_caches=src_caches, dst_caches=dst_caches, runs=runs, src_ranks=(0, 1), dst_ranks=(2, 3)):
+    def attempt(src_caches=src_caches, dst_caches=dst_caches, runs=runs, src_ranks=(0, 1), dst_ranks=(2, 3),
+                **placements):
         return lambda: dcp_ops.reshard_kv(src_caches, dst_caches, runs, None, src_ranks=list(src_ranks),
-                                          dst_ranks=list(dst_ranks))
+                                          dst_ranks=list(dst_ranks), **placements)
 
     def on(ranks, value, otherwise):
         return value if rank in ranks else otherwise
@@ -331,10 +332,15 @@ def _refusals_worker(rank, world, init_file):
         ("dst_caches must share one block_size over dst_ranks", attempt(dst_caches=on([3], small, dst_caches))),
         ("src_caches must be None or a list of 1 to 4 cache tensors", attempt(src_caches=on([0], shards[0][0],
                                                                                            src_caches))),
+        # the placements the plan was made for, when given: a plan for other blocks would write the wrong slots
+        (r"dst_caches\[0\] has block_size 4, but dst has block_size 8 \(raised on group rank 2\)",
+         attempt(src=src, dst=dcp_ops.Placement(2, 0, 8, 2))),
+        ("src_ranks lists 2 group ranks, but src has world_size 3",
+         attempt(src=dcp_ops.Placement(3, 0, 8, 1), dst=dst)),
     ]
     for pattern, call in cases:
         _expect_refusal(pattern, call, held)
-    attempt()()  # and the group still works
+    attempt(src=src, dst=dst)()  # and the group still works, the plan's own placements accepted
     for c, got in enumerate(dst_caches or []):
         assert torch.equal(_bytes(got), _bytes(want[rank - 2][c]))
     dist.barrier()
