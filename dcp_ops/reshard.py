@@ -6,7 +6,8 @@ dst_offset, length), each a run of tokens contiguous in both its source and its 
 token of the window in exactly one run, rows ordered by (seq, position). Owners and local indices repeat with period
 Q = lcm(N_src * block_size_src, N_dst * block_size_dst) positions, and no run crosses a multiple of Q (both sides
 start a block there), so the runs of one period are found once, token by token, then tiled over each sequence's
-periods and clipped to its window: the work is the runs' count, not the tokens'.
+whole periods; the periods that hold a window's start or end go token by token over their part of the window. The
+work is the runs' count plus at most two periods' tokens a sequence, never more than its window's.
 
 reshard_kv executes a plan over a process group and gather_kv all-gathers a window of every sequence. Both first
 all-gather a small metadata tensor holding each rank's local verdict and what it holds, so that every refusal is
@@ -39,87 +40,67 @@ _MAX_CACHES, _MAX_ENTRY_DIMS, _MAX_MESSAGE = 4, 6, 480
 # transfer_runs: the plan
 # ----------------------------------------------------------------------------------------------------------------
 
-@dataclass
-class _PeriodRuns:
-    """The maximal runs of positions [0, span) (span <= the period), ordered by their first position."""
-    rows: Tensor  # [K, 8] as transfer_runs' rows, with seq 0 and the block-table column in place of each block id
-    src_rank: Tensor
-    src_local: Tensor  # local index of the run's first token on its source rank
-    dst_local: Tensor
-    length: Tensor
-    first: Tensor  # index of the run's first token in `positions`
-    positions: Tensor  # [span] positions in source-local order (by source rank, then position)
-
-
-def _period_runs(src: Placement, dst: Placement, span: int) -> _PeriodRuns:
-    """Token-by-token runs of one period: a token starts a run unless it follows its source-local predecessor in the
-    same source block and lands right after it in the same destination block."""
-    q = torch.arange(span, dtype=I64)
-    positions = q[torch.argsort(_owner(q, src.world_size, src.interleave) * span + q)]
-    rs, js = _owner(positions, src.world_size, src.interleave), _local_index(positions, src.world_size, src.interleave)
-    rd, jd = _owner(positions, dst.world_size, dst.interleave), _local_index(positions, dst.world_size, dst.interleave)
-    new = torch.ones(span, dtype=torch.bool)
-    new[1:] = ((rs[1:] != rs[:-1]) | (js[1:] % src.block_size == 0) | (rd[1:] != rd[:-1])
+def _token_runs(src: Placement, dst: Placement, lo: Tensor, hi: Tensor) -> Tuple[Tensor, Tensor]:
+    """The maximal runs of the windows [lo, hi) ([E] each, each within one period), token by token: a token starts a
+    run unless it follows its source-local predecessor (of its window and source rank) in the same source block and
+    lands right after it in the same destination block. Returns (rows [R, 8] as transfer_runs' with the window's
+    index in place of seq and the block-table column in place of each block id, ordered by (window, position)), and
+    the first position of each row)."""
+    counts = (hi - lo).clamp(min=0)
+    e = torch.repeat_interleave(torch.arange(len(lo)), counts)
+    pos = lo[e] + torch.arange(e.numel()) - (torch.cumsum(counts, 0) - counts)[e]
+    span = int(counts.max()) if counts.numel() else 1
+    order = torch.argsort((e * src.world_size + _owner(pos, src.world_size, src.interleave)) * span + pos - lo[e])
+    e, pos = e[order], pos[order]  # by window, then source rank, then position: local indices consecutive
+    rs, js = _owner(pos, src.world_size, src.interleave), _local_index(pos, src.world_size, src.interleave)
+    rd, jd = _owner(pos, dst.world_size, dst.interleave), _local_index(pos, dst.world_size, dst.interleave)
+    new = torch.ones(pos.numel(), dtype=torch.bool)
+    new[1:] = ((e[1:] != e[:-1]) | (rs[1:] != rs[:-1]) | (js[1:] % src.block_size == 0) | (rd[1:] != rd[:-1])
                | (jd[1:] != jd[:-1] + 1) | (jd[1:] % dst.block_size == 0))
     first = torch.nonzero(new).flatten()
-    length = torch.diff(first, append=torch.tensor([span]))
-    by_position = torch.argsort(positions[first])
+    length = torch.diff(first, append=torch.tensor([pos.numel()]))
+    by_position = torch.argsort(e[first] * span + pos[first] - lo[e[first]])
     first, length = first[by_position], length[by_position]
-    rs, js, rd, jd = rs[first], js[first], rd[first], jd[first]
-    rows = torch.stack([torch.zeros_like(rs), rs, js // src.block_size, js % src.block_size, rd,
-                        jd // dst.block_size, jd % dst.block_size, length], 1)
-    return _PeriodRuns(rows, rs, js, jd, length, first, positions)
+    e, rs, js, rd, jd = e[first], rs[first], js[first], rd[first], jd[first]
+    rows = torch.stack([e, rs, js // src.block_size, js % src.block_size, rd, jd // dst.block_size,
+                        jd % dst.block_size, length], 1)
+    return rows, pos[first]
 
 
-def _clipped_periods(per: _PeriodRuns, period: int, src: Placement, dst: Placement, seq: Tensor, t: Tensor,
-                     lens: Tensor, start: Tensor):
-    """Period t of sequence seq ([E] each) cut to the window [start, lens): (src_rank, src_local, dst_rank,
-    dst_local, length) [E, K], length 0 where nothing is left, each period's runs ordered by their first position in
-    the window (a cut moves a run's first token)."""
-    seq, t = seq[:, None], t[:, None]
-    rs, n = per.src_rank[None, :], per.length[None, :]
-    a = t * (period // src.world_size) + per.src_local
-    # the window's tokens on a rank are one range of its local indices, and a run's tokens are local-contiguous
-    lo = _local_len(start[seq], src.world_size, rs, src.interleave).long()
-    hi = _local_len(lens[seq], src.world_size, rs, src.interleave).long()
-    begin = torch.maximum(a, lo)
-    length = (torch.minimum(a + n, hi) - begin).clamp(min=0)
-    skip = torch.minimum(begin - a, n - 1)
-    kept = length > 0
-    src_local = torch.where(kept, a + skip, 0)  # an emptied run reads column 0, which a moved sequence has
-    dst_local = torch.where(kept, t * (period // dst.world_size) + per.dst_local + skip, 0)
-    position = torch.where(kept, per.positions[per.first + skip], period)
-    order = torch.argsort(position, 1)
-    rd = per.rows[None, :, DST_RANK]
-    return [x.expand_as(order).gather(1, order) for x in (rs, src_local, rd, dst_local, length)]
-
-
-def _period_grid(per: _PeriodRuns, period: int, src: Placement, dst: Placement, lens: Tensor, start: Tensor,
-                 src_table: Tensor, dst_table: Tensor) -> Tensor:
-    """[periods, K, 8]: the period's runs repeated over every period each window touches; the periods that hold a
-    window's start or end are cut to it (runs left empty have length 0)."""
-    K = len(per.length)
+def _plan_rows(period: int, src: Placement, dst: Placement, lens: Tensor, start: Tensor, src_table: Tensor,
+               dst_table: Tensor) -> Tensor:
+    """Every run of every window, ordered by (seq, position). A window is cut into the periods it touches; the runs of
+    a whole period are one period's runs, found once and tiled (the work is the runs' count, not the tokens'); the
+    periods that hold a window's start or end run token by token over their part of the window only."""
     t0, t1 = start // period, (lens + period - 1) // period
     count = torch.where(lens > start, t1 - t0, 0)
     seq = torch.repeat_interleave(torch.arange(len(lens)), count)
     t = t0[seq] + torch.arange(seq.numel()) - (torch.cumsum(count, 0) - count)[seq]
-    grid = per.rows.expand(len(seq), K, 8).clone()
-    grid[:, :, SEQ] = seq[:, None]
     edge = (t == t0[seq]) | (t == t1[seq] - 1)
-    inner = torch.nonzero(~edge).flatten()
-    for col, table, side in ((SRC_BLOCK, src_table, src), (DST_BLOCK, dst_table, dst)):
-        per_period = period // (side.world_size * side.block_size)  # block-table columns a period spans
-        cols = t[inner, None] * per_period + per.rows[None, :, col]
-        grid[inner, :, col] = table[seq[inner, None], cols]
-    edge = torch.nonzero(edge).flatten()
-    cut = _clipped_periods(per, period, src, dst, seq[edge], t[edge], lens, start)
-    rows = seq[edge, None].expand_as(cut[0])
-    for col, (rank, local), table, side in ((SRC_RANK, cut[0:2], src_table, src), (DST_RANK, cut[2:4], dst_table, dst)):
-        grid[edge, :, col] = rank
-        grid[edge, :, col + 1] = table[rows, local // side.block_size]
-        grid[edge, :, col + 2] = local % side.block_size
-    grid[edge, :, LENGTH] = cut[4]
-    return grid
+    inner, cut = torch.nonzero(~edge).flatten(), torch.nonzero(edge).flatten()
+    per = _token_runs(src, dst, torch.zeros(1, dtype=I64), torch.full((1,), period, dtype=I64))[0] if inner.numel() \
+        else torch.empty(0, 8, dtype=I64)
+    s, tt = seq[cut], t[cut]
+    rows = _token_runs(src, dst, torch.maximum(start[s], tt * period), torch.minimum(lens[s], (tt + 1) * period))[0]
+    window = rows[:, SEQ].clone()
+    # each (seq, period) block's rows go to one range of the output, blocks in (seq, period) order
+    size = torch.full((len(seq),), len(per), dtype=I64)
+    size[cut] = torch.bincount(window, minlength=len(cut))
+    offset = torch.cumsum(size, 0) - size
+    out = torch.empty(int(size.sum()), 8, dtype=I64)
+    if inner.numel():
+        grid = per.expand(len(inner), *per.shape).clone()
+        grid[:, :, SEQ] = seq[inner, None]
+        for col, table, side in ((SRC_BLOCK, src_table, src), (DST_BLOCK, dst_table, dst)):
+            per_period = period // (side.world_size * side.block_size)  # block-table columns a period spans
+            grid[:, :, col] = table[seq[inner, None], t[inner, None] * per_period + per[None, :, col]]
+        out[(offset[inner, None] + torch.arange(len(per))).flatten()] = grid.view(-1, 8)
+    rows[:, SEQ] = s[window]
+    for col, table in ((SRC_BLOCK, src_table), (DST_BLOCK, dst_table)):
+        rows[:, col] = table[rows[:, SEQ], rows[:, col]]
+    first_of_window = torch.cumsum(size[cut], 0) - size[cut]
+    out[offset[cut][window] + torch.arange(len(rows)) - first_of_window[window]] = rows
+    return out
 
 
 def _check_block_ids(fn: str, runs: Tensor) -> None:
@@ -196,10 +177,7 @@ def transfer_runs(src: Placement, dst: Placement, seq_lens: Tensor, src_block_ta
     if not bool(moved.any()):
         return torch.empty(0, 8, dtype=I64)
     period = math.lcm(src.world_size * src.block_size, dst.world_size * dst.block_size)
-    per = _period_runs(src, dst, min(period, int(lens[moved].max())))
-    runs = _period_grid(per, period, src, dst, lens, first, src_table, dst_table).view(-1, 8)
-    if not bool((runs[:, LENGTH] > 0).all()):  # runs cut away at a window's ends
-        runs = runs[runs[:, LENGTH] > 0]
+    runs = _plan_rows(period, src, dst, lens, first, src_table, dst_table)
     _check_block_ids(fn, runs)
     return runs
 

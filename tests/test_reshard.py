@@ -118,6 +118,14 @@ def test_transfer_runs_worked_example():
                                  torch.tensor([0, 5])).shape == (0, 8)
 
 
+def test_transfer_runs_many_short_sequences_and_one_long():
+    """A batch of 600 sequences of 8 tokens and one of 2000 under a 1536-token period: the plan holds the runs of
+    the windows only (each short sequence's part of its period, token by token), against the per-token mapping."""
+    lens = [8] * 600 + [2000]
+    runs = _plan_case(Placement(6, 0, 64, 1), Placement(8, 0, 64, 1), lens, [i % 5 for i in range(len(lens))], 11)
+    assert int(runs[:, 7].sum()) == sum(lens) - sum(i % 5 for i in range(len(lens)))
+
+
 def test_transfer_runs_a_million_tokens():
     """A 1M-token sequence between two 8-rank layouts: whole blocks of 16 move (every token once); the plan is
     vectorised (bench/bench_reshard.py times it)."""
