@@ -44,8 +44,12 @@ class GQAShard:
 @dataclass
 class MLAShard:
     """This rank's MLA latent-cache shard: kv_cache [num_blocks, block_size, D_latent + rope_dim] (latent first);
-    w_uk [H, D_nope, D_latent] and w_uv [H, D_latent, D_v] cover all H = N * H_loc heads when given. kv_scale: the
-    scale of a float8_e4m3fn cache, a 1-element fp32 tensor (docs/design.md §6)."""
+    w_uk [H, D_nope, D_latent] and w_uv [H, D_latent, D_v] cover all H = N * H_loc heads when given. scale: the
+    model's softmax scale, absorbed or not (DeepSeek-V3: 192 ** -0.5; mla_decode_partial). rope_dim: where w_uk or
+    w_uv is given it must equal the cache's last dim minus their D_latent (checked); where neither is, nothing else
+    fixes the latent width (D_latent = the cache's last dim - rope_dim), so a wrong rope_dim would attend rope dims as
+    values: set it from the model's config (qk_rope_head_dim). kv_scale: the scale of a float8_e4m3fn cache, a
+    1-element fp32 tensor (docs/design.md §6)."""
     kv_cache: Tensor
     block_table: Tensor
     seq_lens: Tensor
@@ -116,6 +120,12 @@ def _partial(q_all: Tensor, shard: Union[GQAShard, MLAShard], precision: str) ->
         if not 0 <= rope < q_all.shape[-1]:
             raise ValueError(f"dcp_attention: MLAShard.rope_dim must be in [0, q's last dim = {q_all.shape[-1]}), "
                              f"got {rope}")
+        width = shard.kv_cache.shape[-1]
+        for name, w, dim in (("w_uk", shard.w_uk, -1), ("w_uv", shard.w_uv, 1)):
+            if w is not None and w.dim() == 3 and w.shape[dim] + rope != width:
+                raise ValueError(f"dcp_attention: MLAShard.rope_dim {rope} does not match the cache and {name}: "
+                                 f"kv_cache's last dim {width} is D_latent + rope_dim, and {name} gives D_latent = "
+                                 f"{w.shape[dim]}, so rope_dim must be {width - w.shape[dim]}")
         split = q_all.shape[-1] - rope  # rope last; rope_dim 0 leaves an empty q_pe
         return ops.mla_decode_partial(q_all[..., :split], q_all[..., split:], shard.kv_cache, shard.block_table,
                                       shard.seq_lens, shard.scale, shard.w_uk, shard.w_uv, precision=precision,

@@ -96,7 +96,9 @@ def mla_decode_partial(q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor, block_tab
 
     q_nope [T, H, D_latent], or the pre-absorption [T, H, D_nope] with w_uk [H, D_nope, D_latent] fused in;
     q_pe [T, H, D_rope]; kv_cache [num_blocks, block_size, D_latent + D_rope] (latent first); block_table
-    [T, max_blocks] int32; seq_lens [T] int32. Keys are whole cache rows, values their latent part.
+    [T, max_blocks] int32; seq_lens [T] int32. Keys are whole cache rows, values their latent part. scale: the
+    model's softmax scale, the same with or without absorption (absorbing w_uk does not change a score), so for
+    DeepSeek-V2 / V3 (qk_nope 128 + qk_rope 64) it is 192 ** -0.5, not (D_latent + D_rope) ** -0.5 = 576 ** -0.5.
     Returns out [T, H, D_latent] (or [T, H, D_v] with w_uv [H, D_latent, D_v] applied to the normalised output)
     in q's dtype, and lse [T, H] fp32 natural log. precision: "native" or "fp32" (the module docstring); in "native"
     the absorbed query is rounded to the cache's type after w_uk. cu_seqlens_q: multi-token decode, as in

@@ -88,6 +88,11 @@ def _worker(rank, world, init_file, split):
                 bad = dataclasses.replace(shard, rope_dim=c["q"].shape[-1])
                 with pytest.raises(ValueError, match="MLAShard.rope_dim must be in"):
                     dcp_ops.dcp_attention(c["q"], bad, group, q_replicated=True)
+                if absorb:  # w_uk / w_uv fix the latent width: a rope_dim that disagrees with them is refused
+                    bad = dataclasses.replace(shard, rope_dim=rope + 8)
+                    with pytest.raises(ValueError, match=f"rope_dim {rope + 8} does not match the cache and w_uk"
+                                                         f".*rope_dim must be {rope}"):
+                        dcp_ops.dcp_attention(c["q"], bad, group, q_replicated=True)
     dist.barrier()  # no rank leaves while another still exchanges
     dist.destroy_process_group()
 
