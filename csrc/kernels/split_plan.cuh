@@ -85,6 +85,10 @@ __device__ __forceinline__ long long block_scan(long long v, long long* warp_sum
   __syncthreads();
   total = warp_sums[kPlanThreads / 32];
   const long long excl = warp_sums[warp] + incl - v;
+  // mutate_sync: needed on hardware, not seen by the executor. The next scan's lane 31 stores warp_sums[warp], which
+  // the other lanes of this warp load just above; that scan's __shfl_up_sync orders the lanes' execution but is no
+  // memory fence, so without this barrier the load may see the next scan's value. The executor runs every lane to
+  // the shuffle before any lane goes on, so the mutant passes there.
   __syncthreads();  // warp_sums is reused by the next scan
   return excl;
 }
