@@ -1,4 +1,4 @@
-"""Shared-memory bank conflicts of the tiled MLA kernel (mla_decode_tiled.cuh), counted by the SIMT executor.
+"""Shared-memory bank conflicts of the tensor-core MLA kernels, counted by the SIMT executor.
 
 Every warp-wide shared access the kernel makes through the executor (its ldmatrix loads of Q, K, V and P, and its P
 stores, st_shared_u32) must take the fewest wavefronts its size allows: the 16-byte-chunk swizzles put the 8 rows an
@@ -47,3 +47,41 @@ def test_tiled_mla_kernel_is_bank_conflict_free(simt_ops, monkeypatch, latent, r
     assert requests > 0, "the tiled kernel made no counted shared access: it did not run"
     assert wavefronts == ideal, (f"{requests} warp-wide shared accesses took {wavefronts} wavefronts, "
                                  f"{wavefronts - ideal} more than the {ideal} their sizes need (bank conflicts)")
+
+
+def _run_mla(simt_ops, monkeypatch, latent, rope, optin, cache_dtype, precision="native"):
+    if optin is not None:
+        monkeypatch.setenv("DCP_SIMT_SMEM_OPTIN", str(optin))
+    gen = torch.Generator().manual_seed(latent + rope)
+    kv, table = paged_cache([100], 64, (latent + rope,), torch.float32, gen)
+    kwargs = dict(kv_scale=torch.tensor([1.0])) if cache_dtype == FP8 else {}
+    out, _ = simt_ops.mla_decode_partial(torch.randn(1, 16, latent, generator=gen).bfloat16(),
+                                         torch.randn(1, 16, rope, generator=gen).bfloat16(), kv.to(cache_dtype),
+                                         table, torch.tensor([100], dtype=torch.int32), 0.05, precision=precision,
+                                         **kwargs)
+    assert torch.isfinite(out).all()
+
+
+# The 16-bit KV tile at BN 64 is copied by 4 threads a row, chunks csub + 4 i: a phase's 8 lanes write 4 chunks of
+# two rows whose swizzles (r & 7 = 2m, 2m + 1) map them onto the same 4 bank groups, 1.5x the wavefronts in all
+# (and the 256 + 0 e4m3 raw rows, 512 bytes apart, likewise). Known, not yet changed: strict xfail, so a fix shows.
+COPY_CONFLICTS = {("bf16", 512, 64, None), ("bf16", 256, 0, None), ("fp8", 256, 0, None)}
+
+
+@pytest.mark.parametrize("latent,rope,optin,tile", CONFIGS, ids=["512-bn64", "512-bn32", "256-bn64", "256-bn32"])
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_tiled_mla_kernel_cp_async_writes(simt_ops, monkeypatch, request, latent, rope, optin, tile, cache):
+    if (cache, latent, rope, optin) in COPY_CONFLICTS:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="BN 64 tile copies: 2-way conflicts on half"))
+    simt_ops.async_bank_stats(True)
+    _run_mla(simt_ops, monkeypatch, latent, rope, optin, torch.bfloat16 if cache == "bf16" else FP8)
+    requests, wavefronts, ideal = simt_ops.async_bank_stats(True)
+    assert requests > 0 and wavefronts == ideal, (requests, wavefronts, ideal)
+
+
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_split_term_mla_kernel_cp_async_writes(simt_ops, monkeypatch, cache):
+    simt_ops.async_bank_stats(True)
+    _run_mla(simt_ops, monkeypatch, 512, 64, None, torch.bfloat16 if cache == "bf16" else FP8, precision="fp32")
+    requests, wavefronts, ideal = simt_ops.async_bank_stats(True)
+    assert requests > 0 and wavefronts == ideal, (requests, wavefronts, ideal)

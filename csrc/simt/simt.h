@@ -15,7 +15,8 @@
 //     writes them to shared memory only when a cp.async.wait_group retires its commit group (in commit order), so a
 //     read before the wait sees whatever was there: poison, or an older tile.
 //   - Bank conflicts. The warp-wide shared accesses the executor performs (ldmatrix, and the stores routed through
-//     warp_store_shared) are counted in bank_stats(): requests, and wavefronts beyond one per request's minimum.
+//     st_shared_u32) are counted in g_bank_stats, cp.async's writes (the k-th copy of each lane of a warp taken as
+//     one instruction) in g_async_bank_stats: requests, wavefronts, and the fewest wavefronts their sizes allow.
 // Dynamic shared memory is filled with 0xff bytes at every block start; static __shared__ arrays are one instance
 // for the kernel, so a read before any write sees the previous block's (or launch's) values, never zeros.
 #pragma once
@@ -118,9 +119,11 @@ inline thread_local Schedule g_schedule;
 struct BankStats {
   int64_t requests = 0, wavefronts = 0, ideal = 0;
 };
-inline BankStats g_bank_stats;
-inline BankStats bank_stats() { return g_bank_stats; }
-inline void reset_bank_stats() { g_bank_stats = BankStats{}; }
+inline BankStats g_bank_stats;        // ldmatrix and the stores routed through st_shared_u32
+inline BankStats g_async_bank_stats;  // cp.async's shared-memory writes
+
+template <typename Addr>
+void count_banks(BankStats& stats, int accesses, int per_phase, int bytes, Addr&& addr);
 
 struct Block {
   ucontext_t sched;
@@ -131,6 +134,9 @@ struct Block {
   const std::function<void()>* body = nullptr;
   std::vector<int> order;  // the order the run loop visits the fibers in (the schedule)
   std::mt19937_64 rng;
+  // cp.async destinations by warp and issue index: the k-th copy of each lane of a warp is one warp instruction
+  std::vector<std::vector<std::vector<uintptr_t>>> warp_copies;
+  std::vector<int> copies_issued;  // per thread
 };
 inline thread_local Block* g_block = nullptr;
 
@@ -164,6 +170,8 @@ inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block
   b.body = &body;
   b.fibers.resize(n);
   b.warp_slots.assign(n, 0);
+  b.warp_copies.resize((n + kWarp - 1) / kWarp);
+  b.copies_issued.assign(n, 0);
   g_block = &b;
   for (int i = 0; i < n; ++i) {
     Fiber& f = b.fibers[i];
@@ -236,6 +244,10 @@ inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block
     b.error = std::make_exception_ptr(std::runtime_error("simt: deadlock: no thread can run (threads wait at "
                                                          "barriers that can never release)"));
   }
+  for (const auto& warp : b.warp_copies)  // each cp.async warp instruction: 4 phases of 8 lanes x 16 bytes
+    for (const auto& inst : warp)
+      count_banks(g_async_bank_stats, static_cast<int>(inst.size()), 8, 16,
+                  [&](int l) { return reinterpret_cast<const void*>(inst[l]); });
   g_block = nullptr;
   if (b.error) std::rethrow_exception(b.error);
 }
@@ -285,7 +297,12 @@ void warp_view(const void* mine, F&& fn) {
 inline void async_copy16(void* dst, const void* src, bool valid) {
   AsyncCopy c{static_cast<unsigned char*>(dst), {}};
   if (valid) std::memcpy(c.bytes, src, 16);
-  g_block->fibers[g_block->current].open_group.push_back(c);
+  Block& b = *g_block;
+  b.fibers[b.current].open_group.push_back(c);
+  auto& warp = b.warp_copies[b.current / kWarp];
+  const int k = b.copies_issued[b.current]++;
+  if (static_cast<int>(warp.size()) <= k) warp.resize(k + 1);
+  warp[k].push_back(reinterpret_cast<uintptr_t>(dst));
 }
 inline void async_commit() {
   Fiber& f = g_block->fibers[g_block->current];
@@ -306,7 +323,7 @@ inline void async_wait(int n) {
 // as the most distinct words (4 bytes, or a wider access's own bytes) any one bank is asked for; equal addresses
 // are one word (broadcast, or one store).
 template <typename Addr>
-void count_banks(int accesses, int per_phase, int bytes, Addr&& addr) {
+void count_banks(BankStats& stats, int accesses, int per_phase, int bytes, Addr&& addr) {
   const uintptr_t base = reinterpret_cast<uintptr_t>(g_dynamic_smem.data());
   for (int p0 = 0; p0 < accesses; p0 += per_phase) {
     std::vector<uintptr_t> words[32];
@@ -320,10 +337,14 @@ void count_banks(int accesses, int per_phase, int bytes, Addr&& addr) {
     }
     size_t most = 0;
     for (auto& v : words) most = std::max(most, v.size());
-    g_bank_stats.wavefronts += static_cast<int64_t>(most);
+    stats.wavefronts += static_cast<int64_t>(most);
   }
-  g_bank_stats.requests += 1;
-  g_bank_stats.ideal += std::max(1, accesses * bytes / 128);
+  stats.requests += 1;
+  stats.ideal += std::max(1, accesses * bytes / 128);
+}
+template <typename Addr>
+void count_banks(int accesses, int per_phase, int bytes, Addr&& addr) {
+  count_banks(g_bank_stats, accesses, per_phase, bytes, addr);
 }
 
 inline unsigned ballot(bool p) {

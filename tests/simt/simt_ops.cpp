@@ -59,11 +59,16 @@ static Tensor strided_store(int64_t stride) {
   return out;
 }
 
-// The executor's bank statistics since the last reset: [requests, wavefronts, ideal wavefronts].
-static std::vector<int64_t> bank_stats(bool reset) {
-  const dcp_ops::simt::BankStats s = dcp_ops::simt::bank_stats();
-  if (reset) dcp_ops::simt::reset_bank_stats();
-  return {s.requests, s.wavefronts, s.ideal};
+// The executor's bank statistics since the last reset: [requests, wavefronts, ideal wavefronts] of ldmatrix and
+// st_shared_u32 (bank_stats), of cp.async (async_bank_stats).
+static std::vector<int64_t> read_stats(dcp_ops::simt::BankStats& s, bool reset) {
+  const std::vector<int64_t> out{s.requests, s.wavefronts, s.ideal};
+  if (reset) s = dcp_ops::simt::BankStats{};
+  return out;
+}
+static std::vector<int64_t> bank_stats(bool reset) { return read_stats(dcp_ops::simt::g_bank_stats, reset); }
+static std::vector<int64_t> async_bank_stats(bool reset) {
+  return read_stats(dcp_ops::simt::g_async_bank_stats, reset);
 }
 
 static Tensor divergent_barrier() {
@@ -101,5 +106,6 @@ TORCH_LIBRARY(dcp_ops_simt, m) {
   m.def("async_copy(Tensor x) -> Tensor", &async_copy);
   m.def("strided_store(int stride) -> Tensor", &strided_store);
   m.def("bank_stats(bool reset=True) -> int[]", &bank_stats);
+  m.def("async_bank_stats(bool reset=True) -> int[]", &async_bank_stats);
   m.def("divergent_barrier() -> Tensor", &divergent_barrier);
 }
