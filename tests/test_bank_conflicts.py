@@ -5,7 +5,8 @@ stores, st_shared_u32) must take the fewest wavefronts its size allows: the 16-b
 ldmatrix phase reads, and the 8 rows a warp's P stores touch, on distinct banks. Both token tiles: BN = 64 (128-byte P
 rows) and BN = 32 (64-byte P rows, the configuration of devices with less shared memory, chosen here through
 DCP_SIMT_SMEM_OPTIN), bf16 and fp8 caches (whose tiles are converted into the same 16-bit layout), latent 512 + 64 and
-256 + 0, one query token and two (rows of two tokens in one row group).
+256 + 0, one query token and two (rows of two tokens in one row group). So must the cp.async writes of the tiled
+kernel's tiles and of the split-term kernel's steps (the executor's async_bank_stats).
 """
 import pytest
 import torch
@@ -62,17 +63,11 @@ def _run_mla(simt_ops, monkeypatch, latent, rope, optin, cache_dtype, precision=
     assert torch.isfinite(out).all()
 
 
-# The 16-bit KV tile at BN 64 is copied by 4 threads a row, chunks csub + 4 i: a phase's 8 lanes write 4 chunks of
-# two rows whose swizzles (r & 7 = 2m, 2m + 1) map them onto the same 4 bank groups, 1.5x the wavefronts in all
-# (and the 256 + 0 e4m3 raw rows, 512 bytes apart, likewise). Known, not yet changed: strict xfail, so a fix shows.
-COPY_CONFLICTS = {("bf16", 512, 64, None), ("bf16", 256, 0, None), ("fp8", 256, 0, None)}
-
-
 @pytest.mark.parametrize("latent,rope,optin,tile", CONFIGS, ids=["512-bn64", "512-bn32", "256-bn64", "256-bn32"])
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
-def test_tiled_mla_kernel_cp_async_writes(simt_ops, monkeypatch, request, latent, rope, optin, tile, cache):
-    if (cache, latent, rope, optin) in COPY_CONFLICTS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="BN 64 tile copies: 2-way conflicts on half"))
+def test_tiled_mla_kernel_cp_async_writes(simt_ops, monkeypatch, latent, rope, optin, tile, cache):
+    """The KV tiles' cp.async writes: at BN 64 two rows share a phase (4 threads a row), and the odd row's chunk
+    order puts them on the other half of the banks (16-bit tiles, and e4m3 raw rows of 128-byte multiples)."""
     simt_ops.async_bank_stats(True)
     _run_mla(simt_ops, monkeypatch, latent, rope, optin, torch.bfloat16 if cache == "bf16" else FP8)
     requests, wavefronts, ideal = simt_ops.async_bank_stats(True)

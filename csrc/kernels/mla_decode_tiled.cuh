@@ -133,22 +133,29 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
     return block >= 0 && block < p.num_blocks ? block * p.kv_sb + static_cast<int64_t>(j % p.block_size) * p.kv_st
                                               : -1;
   };
-  // Thread tid copies chunks csub, csub + TPR, ... of tile row crow.
+  // Thread tid copies chunks csub, csub + TPR, ... of tile row crow. With 4 threads a row, the 8 lanes of a copy's
+  // phase write 4 chunks of two rows: the odd row takes its chunk pairs in the other order (step i ^ 1), so that the
+  // two rows fill the two halves of 128 bytes of banks (16-bit rows are 128-byte multiples, swizzled with r & 7,
+  // which the two rows share but in bit 0; raw e4m3 rows where they are 128-byte multiples) instead of one half twice.
   const int crow = tid / TPR, csub = tid % TPR;
+  constexpr bool kPairSteps = TPR == 4;
   auto issue = [&](int stage, int64_t off) {
     if constexpr (F8) {  // (off counts elements, which are bytes here)
       unsigned char* dst = sRaw + (stage * BN + crow) * DK;
       const unsigned char* src = static_cast<const unsigned char*>(p.kv);
+      constexpr int kSteps = (CH8 + TPR - 1) / TPR;
+      constexpr bool kSwap = kPairSteps && DK % 128 == 0 && kSteps % 2 == 0 && CH8 % TPR == 0;
 #pragma unroll
-      for (int i = 0; i < (CH8 + TPR - 1) / TPR; ++i) {
-        const int c = csub + TPR * i;
+      for (int i = 0; i < kSteps; ++i) {
+        const int c = csub + TPR * (kSwap ? i ^ (crow & 1) : i);
         if (CH8 % TPR == 0 || c < CH8) cp_async16(dst + 16 * c, src + (off >= 0 ? off + 16 * c : 0), off >= 0);
       }
     } else {
       T* dst = sKV + stage * BN * DK;
+      static_assert(!kPairSteps || CH / TPR % 2 == 0, "pairs of copy steps");
 #pragma unroll
       for (int i = 0; i < CH / TPR; ++i) {
-        const int c = csub + TPR * i;
+        const int c = csub + TPR * (kPairSteps ? i ^ (crow & 1) : i);
         cp_async16(dst + swizzled<CH>(crow, c), kv + (off >= 0 ? off + 8 * c : 0), off >= 0);
       }
     }
