@@ -150,7 +150,11 @@ def exchange_bytes(mode: str, T: int, H: int, d_out: int, world_size: int, dtype
     return q + (n - 1) * T * H * (4 + d_out * es)
 
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+# Dtypes by code, so that a rank can tell another's dtype from an int of an all-gathered metadata tensor (a step's
+# signature here, a cache's in reshard.py).
+_DTYPES = tuple(getattr(torch, n) for n in ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2",
+                                            "float8_e4m3fnuz", "float8_e5m2fnuz", "uint8", "int8", "int16", "int32",
+                                            "int64") if hasattr(torch, n))
 
 
 def _step_signature(q: Tensor, shard, n: int, mode: str, q_replicated: bool, precision: str):

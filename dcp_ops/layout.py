@@ -173,11 +173,14 @@ def _token_index(block_table: Tensor, seq_lens: Tensor, fn: str):
         raise ValueError(f"{fn}: block_table must be [B, max_blocks] and seq_lens [B], got "
                          f"{tuple(block_table.shape)} and {tuple(seq_lens.shape)}")
     _check_nonneg(seq_lens, fn, "seq_lens")
-    lens = seq_lens.long()
-    rows = torch.repeat_interleave(torch.arange(len(lens), device=lens.device), lens)
-    starts = torch.cumsum(lens, 0) - lens
-    pos = torch.arange(rows.numel(), device=lens.device) - starts[rows]
-    return rows, pos
+    return _ragged_arange(seq_lens.long())
+
+
+def _ragged_arange(counts: Tensor):
+    """(row, index) of every element of ragged rows of counts[i] elements, flattened: row i repeated counts[i] times,
+    and 0 .. counts[i] - 1 within it (no Python loop)."""
+    rows = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
+    return rows, torch.arange(rows.numel(), device=counts.device) - (torch.cumsum(counts, 0) - counts)[rows]
 
 
 def _check_cache(cache: Tensor, block_table: Tensor, fn: str, name: str) -> None:

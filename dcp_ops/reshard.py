@@ -21,18 +21,14 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from .distributed import _all_gather
-from .layout import Placement, _check_int, _local_index, _local_len, _owner
+from .distributed import _DTYPES, _all_gather
+from .layout import Placement, _check_int, _local_index, _local_len, _owner, _ragged_arange
 
 Tensor = torch.Tensor
 I64 = torch.int64
 RUN_FIELDS = ("seq", "src_rank", "src_block", "src_offset", "dst_rank", "dst_block", "dst_offset", "length")
 SEQ, SRC_RANK, SRC_BLOCK, SRC_OFFSET, DST_RANK, DST_BLOCK, DST_OFFSET, LENGTH = range(8)
 
-# Cache dtypes by metadata code (a rank can tell another's dtype from an int).
-_DTYPES = [getattr(torch, n) for n in ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2",
-                                       "float8_e4m3fnuz", "float8_e5m2fnuz", "uint8", "int8", "int16", "int32",
-                                       "int64") if hasattr(torch, n)]
 _MAX_CACHES, _MAX_ENTRY_DIMS, _MAX_MESSAGE = 4, 6, 480
 
 
@@ -47,8 +43,8 @@ def _token_runs(src: Placement, dst: Placement, lo: Tensor, hi: Tensor) -> Tuple
     index in place of seq and the block-table column in place of each block id, ordered by (window, position)), and
     the first position of each row)."""
     counts = (hi - lo).clamp(min=0)
-    e = torch.repeat_interleave(torch.arange(len(lo)), counts)
-    pos = lo[e] + torch.arange(e.numel()) - (torch.cumsum(counts, 0) - counts)[e]
+    e, step = _ragged_arange(counts)
+    pos = lo[e] + step
     span = int(counts.max()) if counts.numel() else 1
     order = torch.argsort((e * src.world_size + _owner(pos, src.world_size, src.interleave)) * span + pos - lo[e])
     e, pos = e[order], pos[order]  # by window, then source rank, then position: local indices consecutive
@@ -74,8 +70,8 @@ def _plan_rows(period: int, src: Placement, dst: Placement, lens: Tensor, start:
     periods that hold a window's start or end run token by token over their part of the window only."""
     t0, t1 = start // period, (lens + period - 1) // period
     count = torch.where(lens > start, t1 - t0, 0)
-    seq = torch.repeat_interleave(torch.arange(len(lens)), count)
-    t = t0[seq] + torch.arange(seq.numel()) - (torch.cumsum(count, 0) - count)[seq]
+    seq, step = _ragged_arange(count)
+    t = t0[seq] + step
     edge = (t == t0[seq]) | (t == t1[seq] - 1)
     inner, cut = torch.nonzero(~edge).flatten(), torch.nonzero(edge).flatten()
     per = _token_runs(src, dst, torch.zeros(1, dtype=I64), torch.full((1,), period, dtype=I64))[0] if inner.numel() \
@@ -248,7 +244,7 @@ def _check_caches(fn: str, name: str, caches, single: bool = False) -> None:
     """A list of 1.._MAX_CACHES caches [num_blocks, block_size, *entry] that share num_blocks, block_size and
     device, with a contiguous last dim (so they view as bytes). single: one cache, named `name` alone."""
     if not isinstance(caches, (list, tuple)) or not 1 <= len(caches) <= _MAX_CACHES:
-        got = f"{type(caches).__name__} of {len(caches)}" if isinstance(caches, (list, tuple)) else type(caches).__name__
+        got = type(caches).__name__ + (f" of {len(caches)}" if isinstance(caches, (list, tuple)) else "")
         raise TypeError(f"{fn}: {name} must be None or a list of 1 to {_MAX_CACHES} cache tensors, got {got}")
     for c, cache in enumerate(caches):
         label = name if single else f"{name}[{c}]"
@@ -429,8 +425,7 @@ def _check_run_values(fn: str, runs: Tensor, plan: _Plan) -> None:
 def _run_slots(runs: Tensor, col: int) -> Tuple[Tensor, Tensor]:
     """(block, offset) of every token of the runs, run after run, on side `col` (SRC_BLOCK or DST_BLOCK)."""
     n = runs[:, LENGTH]
-    run_of = torch.repeat_interleave(torch.arange(len(runs)), n)
-    step = torch.arange(run_of.numel()) - (torch.cumsum(n, 0) - n)[run_of]
+    run_of, step = _ragged_arange(n)
     return runs[run_of, col], runs[run_of, col + 1] + step
 
 
@@ -571,8 +566,8 @@ def _my_tokens(fn: str, table: Tensor, first: Tensor, last: Tensor, p: Placement
     """(block, offset) of this rank's tokens in every window, sequence after sequence; ids checked."""
     lo = _local_len(first, p.world_size, p.rank, p.interleave).long()
     hi = _local_len(last, p.world_size, p.rank, p.interleave).long()
-    seq = torch.repeat_interleave(torch.arange(len(lo)), hi - lo)
-    local = lo[seq] + torch.arange(seq.numel()) - (torch.cumsum(hi - lo, 0) - (hi - lo))[seq]
+    seq, step = _ragged_arange(hi - lo)
+    local = lo[seq] + step
     col = local // p.block_size
     if seq.numel() and int(col.max()) >= table.shape[1]:
         i = int(torch.argmax(col))
@@ -595,8 +590,7 @@ def _window_sources(first: Tensor, last: Tensor, p: Placement):
     count = _local_len(last[None, :], p.world_size, ranks, p.interleave).long() - lo
     base = torch.cumsum(count, 1) - count  # where sequence b starts in rank r's packed tokens
     width = last - first
-    seq = torch.repeat_interleave(torch.arange(len(first)), width)
-    slot = torch.arange(seq.numel()) - (torch.cumsum(width, 0) - width)[seq]
+    seq, slot = _ragged_arange(width)
     pos = first[seq] + slot
     owner = _owner(pos, p.world_size, p.interleave)
     packed = base[owner, seq] + _local_index(pos, p.world_size, p.interleave) - lo[owner, seq]

@@ -152,7 +152,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&d)[4], SmemAddr row) {
 #endif
 
 // A warp-wide 32-bit store to shared memory (every lane of the warp stores): under the executor its bank
-// conflicts are counted (simt::bank_stats).
+// conflicts are counted (simt::g_bank_stats).
 __device__ __forceinline__ void st_shared_u32(void* p, uint32_t v) {
 #ifdef DCP_SIMT
   simt::warp_view(&p, [&](auto at) {
