@@ -17,13 +17,12 @@ import torch
 
 from dcp_ops import reference as ref
 from conftest import paged_cache
-from tolerances import assert_decode
+from tolerances import LSE_TOL, assert_decode, assert_native_bound, tol_for
 
 NAN, INF = float("nan"), float("inf")
 FP8 = torch.float8_e4m3fn
 I32 = torch.int32
 CACHES = [torch.bfloat16, torch.float16, FP8]
-LOOSE = dict(rtol=0.05, atol=0.05)  # finite values of rows whose scores the poisons change, against the reference
 
 
 def _name(x):
@@ -83,10 +82,12 @@ def _poison_scores(cache, spots, dim, last_values):
     return cache
 
 
-def _check(got, clean, want, masking, what, values_only=False):
+def _check(got, clean, want, masking, what, dtype, native=None, values_only=False):
     """got: (out, lse) of a call with poisoned tokens; clean: the same call with their finite values; want: the float64
-    reference of the poisoned call. masking: the query tokens whose rows mask every poisoned token. values_only: only
-    V is poisoned (GQA), so the scores are the clean call's and every finite element must be too."""
+    reference of the poisoned call, native: its same-precision reference (precision "native"; None: "fp32"), whose
+    bound (or, for "fp32", the table's rows for dtype) holds the finite elements. masking: the query tokens whose
+    rows mask every poisoned token. values_only: only V is poisoned (GQA), so the scores are the clean call's and
+    every finite element must be too."""
     out, lse = got[0].double(), got[1].double()
     c_out, c_lse = clean[0].double(), clean[1].double()
     r_out, r_lse = want
@@ -111,10 +112,12 @@ def _check(got, clean, want, masking, what, values_only=False):
     if values_only:
         assert torch.equal(out[fin], c_out[fin]) and torch.equal(lse, c_lse), \
             f"{what}: a finite element differs from the clean call's"
+    lfin = torch.isfinite(r_lse)
+    if native is not None:
+        assert_native_bound(out[fin], lse[lfin], (r_out[fin], r_lse[lfin]), (native[0][fin], native[1][lfin]), what)
     else:
-        torch.testing.assert_close(out[fin], r_out[fin], msg=lambda m: f"{what}: out {m}", **LOOSE)
-        lfin = torch.isfinite(r_lse)
-        torch.testing.assert_close(lse[lfin], r_lse[lfin], rtol=0, atol=0.05, msg=lambda m: f"{what}: lse {m}")
+        torch.testing.assert_close(out[fin], r_out[fin], msg=lambda m: f"{what}: out {m}", **tol_for(dtype, r_out[fin]))
+        torch.testing.assert_close(lse[lfin], r_lse[lfin], msg=lambda m: f"{what}: lse {m}", **LSE_TOL)
 
 
 GQA_SHAPES = [  # (query heads per KV head, query tokens per sequence, lengths): 2 KV heads of d64, blocks of 16
@@ -151,8 +154,12 @@ def test_gqa_masked_tokens_never_reach_a_row(simt_ops, G, n, lens, cache_dtype, 
                   cu_seqlens_q=cu, **scales)
     for variant, (kp, vp) in (("values", (k, _poison_dims(v, spots))),
                               ("keys", (_poison_scores(k, spots, 0, (NAN, INF)), v))):
-        want = ref.gqa_decode_partial(q, kp, vp, table, seq_lens, 0.125, cu_seqlens_q=cu, **scales)
-        _check(call(kp, vp), clean, want, masking, f"{what}, poisoned {variant}", values_only=variant == "values")
+        args = (q, kp, vp, table, seq_lens, 0.125)
+        want = ref.gqa_decode_partial(*args, cu_seqlens_q=cu, **scales)
+        native = ref.gqa_decode_partial(*args, cu_seqlens_q=cu, round_to=dtype, **scales) if precision == "native" \
+            else None
+        _check(call(kp, vp), clean, want, masking, f"{what}, poisoned {variant}", dtype, native,
+               values_only=variant == "values")
 
 
 MLA_SHAPES = [  # (heads, query tokens per sequence, lengths, block size): latent 256 + rope 64
@@ -197,5 +204,8 @@ def test_mla_masked_tokens_never_reach_a_row(simt_ops, monkeypatch, H, n, lens, 
     assert_decode(*clean, ref.mla_decode_partial, (q_nope, q_pe, kv, table, seq_lens, scale), dtype, precision, what,
                   cu_seqlens_q=cu, **scales)
     for variant, kvp in (("latent", _poison_dims(kv, spots)), ("rope", _poison_scores(kv, spots, 256, (INF,)))):
-        want = ref.mla_decode_partial(q_nope, q_pe, kvp, table, seq_lens, scale, cu_seqlens_q=cu, **scales)
-        _check(call(kvp), clean, want, masking, f"{what}, poisoned {variant}")
+        args = (q_nope, q_pe, kvp, table, seq_lens, scale)
+        want = ref.mla_decode_partial(*args, cu_seqlens_q=cu, **scales)
+        native = ref.mla_decode_partial(*args, cu_seqlens_q=cu, round_to=dtype, **scales) if precision == "native" \
+            else None
+        _check(call(kvp), clean, want, masking, f"{what}, poisoned {variant}", dtype, native)
