@@ -116,7 +116,7 @@ else:
 
 setup(
     name="dcp_ops",
-    version="0.1.0",
+    version="0.2.0",
     description="Decode Context Parallelism attention primitives (CPU and CUDA kernels, torch.distributed)",
     packages=find_packages(include=["dcp_ops", "dcp_ops.*"]),
     ext_modules=[ext],

@@ -29,7 +29,7 @@ def _slots(p: dcp_ops.Placement, table: torch.Tensor, n: int):
     """Owner and (block, offset) of every position of one sequence, from the placement's own functions."""
     pos = torch.arange(n)
     j = p.local_index(pos).long()
-    return p.owner(pos), table[0, j // p.block_size].long(), j % p.block_size
+    return p.owner_rank(pos), table[0, j // p.block_size].long(), j % p.block_size
 
 
 def _row(src_layout, dst_layout, n: int, repeats: int):

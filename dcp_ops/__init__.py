@@ -36,4 +36,4 @@ __all__ = [
     "slot_mapping", "shard_kv", "unshard_kv", "transfer_runs", "reshard_kv", "gather_kv",
     "reference", "dcp_attention", "GQAShard", "MLAShard", "Workspace", "exchange_bytes", "gather_heads", "merge_across",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -133,7 +133,7 @@ def _worker(rank, world, init_file, args, results):
         cu = layer.get("cu")
         local = (place.local_causal_lens(layer["positions"]) if cu is not None else place.local_seq_lens(seq_lens))
         local, cu = local.to(dev), cu.to(dev) if cu is not None else None
-        shards = [place.shard(c, layer["table"], seq_lens, fill=NAN).to(dev) for c in layer["cache"]]
+        shards = [place.shard_kv(c, layer["table"], seq_lens, fill=NAN).to(dev) for c in layer["cache"]]
         table = layer["table"].to(dev)
         scales = {name: x.to(dev) for name, x in layer.get("scales", {}).items()}
         if layer["kind"] == "gqa":

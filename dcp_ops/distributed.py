@@ -63,18 +63,25 @@ class MLAShard:
 
 
 class Workspace:
-    """Reusable buffers for dcp_attention, so repeated steps allocate nothing (and a GPU step can be graph-captured).
+    """Buffers that dcp_attention, gather_heads and merge_across keep between steps: the gathered queries, the exchange's
+    send and receive buffers, and the merged output and LSE. They are keyed by role and made again only when a shape,
+    dtype or device changes (`allocations` counts the buffers made), so a repeated step makes none of them again.
 
-    Buffers are keyed by role and re-made only when a shape, dtype or device changes.
+    The decode op still allocates its own outputs each step (the partial out and LSE, and on a GPU the split plan and
+    the per-split partials), from torch's allocator: on a GPU its caching allocator, so no cudaMalloc once warm, and a
+    CUDA graph capture serves them from the graph's pool. Some results are workspace buffers (mode "a2a": out and lse;
+    "ag_rs": out): they hold their values until the next step with the same Workspace overwrites them.
     """
 
     def __init__(self) -> None:
         self._bufs: Dict[str, Tensor] = {}
+        self.allocations = 0
 
     def get(self, name: str, shape, dtype: torch.dtype, device: torch.device) -> Tensor:
         buf = self._bufs.get(name)
         if buf is None or buf.shape != tuple(shape) or buf.dtype != dtype or buf.device != device:
             buf = self._bufs[name] = torch.empty(tuple(shape), dtype=dtype, device=device)
+            self.allocations += 1
         return buf
 
 
@@ -138,8 +145,7 @@ def exchange_bytes(mode: str, T: int, H: int, d_out: int, world_size: int, dtype
 
     T tokens, H heads in all, d_out the exchanged width (MLA: D_latent, or D_v with w_uv applied before the merge).
     """
-    if mode not in MODES:
-        raise ValueError(f"exchange_bytes: mode must be one of {MODES}, got {mode!r}")
+    ops.check_choice("exchange_bytes", "mode", mode, MODES)
     es = torch.empty((), dtype=dtype).element_size()
     n, h_loc = world_size, H // world_size
     q = 0 if q_dim is None or q_replicated else (n - 1) * T * h_loc * q_dim * es  # ring all-gather
@@ -210,8 +216,7 @@ def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[d
     raises the same ValueError on every rank, naming what differs; off by default, as it costs a small collective and
     a host sync. Without it, ranks that disagree fail inside the backend's collectives (gloo aborts a process).
     """
-    if mode not in MODES:
-        raise ValueError(f"dcp_attention: mode must be one of {MODES}, got {mode!r}")
+    ops.check_choice("dcp_attention", "mode", mode, MODES)
     ops.check_precision("dcp_attention", precision)
     _check_workspace("dcp_attention", workspace)
     if not isinstance(q, Tensor) or q.dim() != 3:
@@ -259,8 +264,7 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
     "a2a" and "ag" leave `out` as it was. nonfinite_lse: "empty" (NaN and +inf LSE from other kernels are empty
     partials) or "propagate" (they poison the row; dcp_ops.ops).
     """
-    if mode not in MODES:
-        raise ValueError(f"merge_across: mode must be one of {MODES}, got {mode!r}")
+    ops.check_choice("merge_across", "mode", mode, MODES)
     ops.check_nonfinite_lse("merge_across", nonfinite_lse)
     _check_workspace("merge_across", workspace)
     n, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -274,8 +278,8 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
                                                           out.dtype, out.device))
         recv = ws.get("a2a_recv", send.shape, send.dtype, send.device)
         dist.all_to_all_single(recv, send, group=group)
-        return ops.merge_exchange(recv, ws.get("out", (T, h_loc, D), out.dtype, out.device),
-                                  ws.get("lse", (T, h_loc), torch.float32, out.device), nonfinite_lse)
+        return ops.merge_exchange(recv, out=ws.get("out", (T, h_loc, D), out.dtype, out.device),
+                                  lse=ws.get("lse", (T, h_loc), torch.float32, out.device), nonfinite_lse=nonfinite_lse)
     if mode == "ag_rs":
         lses = ws.get("lse_gather", (n, T, H), torch.float32, lse.device)
         _all_gather(lses, lse, group)

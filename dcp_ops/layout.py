@@ -16,11 +16,13 @@ can be captured in a CUDA graph and compiled with fullgraph=True. shard_kv / uns
 always.
 """
 import os
+import warnings
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence
 
 import torch
 
+from ._deprecated import keyword_only, warn_renamed
 from .ops import check_int
 
 Tensor = torch.Tensor
@@ -209,30 +211,43 @@ def _placements(cache: Tensor, block_table: Tensor, seq_lens: Tensor, world_size
     return src, _owner(pos, world_size, interleave), dst
 
 
-def shard_kv(cache: Tensor, block_table: Tensor, seq_lens: Tensor, world_size: int, interleave: int = 1,
-             fill: float = 0.0, rank: Optional[int] = None) -> Union[List[Tensor], Tensor]:
-    """Splits an unsharded paged cache [num_blocks, block_size, *E] into the N per-rank caches (same shape).
+@keyword_only
+def shard_kv(cache: Tensor, block_table: Tensor, seq_lens: Tensor, world_size: int, interleave: int = 1, *,
+             fill: float = 0.0, rank: Optional[int] = None) -> List[Tensor]:
+    """Splits an unsharded paged cache [num_blocks, block_size, *E] into the N per-rank caches (same shape), a list
+    indexed by rank.
 
     block_table [B, max_blocks] and seq_lens [B] (global lengths) describe the unsharded cache; the same block table
     addresses every shard (docs/design.md §3). Slots a shard does not use hold `fill` (NaN makes stray reads loud).
-    With rank=r, builds and returns rank r's shard only (one cache's memory, not N). For tests and hand-offs of a
-    cache that exists unsharded; engines write prefill KV straight to its owners with slot_mapping + write_kv.
+    One rank's shard alone (one cache's memory, not N): Placement.shard_kv. For tests and hand-offs of a cache that
+    exists unsharded; engines write prefill KV straight to its owners with slot_mapping + write_kv.
+    `rank=r` (deprecated, refused in 0.3) returns rank r's shard as a tensor, not a list: use Placement.shard_kv.
     """
-    fn = "shard_kv"
+    if rank is None:
+        return _shard(cache, block_table, seq_lens, world_size, interleave, fill, range(world_size), "shard_kv")
+    warnings.warn("shard_kv: rank= is deprecated and will be refused in dcp_ops 0.3 (it changes the return type to "
+                  "a tensor); use Placement(world_size, rank, block_size, interleave).shard_kv(...)",
+                  DeprecationWarning, stacklevel=3)
+    _check_group("shard_kv", world_size, interleave, rank)
+    return _shard(cache, block_table, seq_lens, world_size, interleave, fill, (rank,), "shard_kv")[0]
+
+
+def _shard(cache: Tensor, block_table: Tensor, seq_lens: Tensor, world_size: int, interleave: int, fill: float,
+           ranks, fn: str) -> List[Tensor]:
+    """The shards of `ranks` (each a cache of the unsharded one's shape)."""
     _check_cache(cache, block_table, fn, "cache")
-    if rank is not None:
-        _check_group(fn, world_size, interleave, rank)
     src, owner, dst = _placements(cache, block_table, seq_lens, world_size, interleave, fn)
     shards = []
-    for r in range(world_size) if rank is None else (rank,):
+    for r in ranks:
         shard = torch.full_like(cache, fill)
         m = owner == r
         shard[dst[0][m], dst[1][m]] = cache[src[0][m], src[1][m]]
         shards.append(shard)
-    return shards if rank is None else shards[0]
+    return shards
 
 
-def unshard_kv(shards: Sequence[Tensor], block_table: Tensor, seq_lens: Tensor, interleave: int = 1,
+@keyword_only
+def unshard_kv(shards: Sequence[Tensor], block_table: Tensor, seq_lens: Tensor, interleave: int = 1, *,
                fill: float = 0.0) -> Tensor:
     """Inverse of shard_kv: rebuilds the unsharded cache from the N per-rank caches."""
     fn = "unshard_kv"
@@ -265,9 +280,14 @@ class Placement:
         _check_group("Placement", self.world_size, self.interleave, self.rank)
         _check_block_size("Placement", self.block_size, self.interleave)
 
-    def owner(self, positions: Tensor) -> Tensor:
+    def owner_rank(self, positions: Tensor) -> Tensor:
         """The rank owning each global position (int32)."""
         return owner_rank(positions, self.world_size, self.interleave)
+
+    def owner(self, positions: Tensor) -> Tensor:
+        """Deprecated name of owner_rank (removed in 0.3)."""
+        warn_renamed("Placement.owner", "Placement.owner_rank")
+        return self.owner_rank(positions)
 
     def local_index(self, positions: Tensor) -> Tensor:
         """Each global position's index among its owner's tokens (int32)."""
@@ -286,9 +306,15 @@ class Placement:
         return slot_mapping(block_table, seq_ids, positions, self.block_size, self.world_size, self.rank,
                             self.interleave)
 
-    def shard(self, cache: Tensor, block_table: Tensor, seq_lens: Tensor, fill: float = 0.0) -> Tensor:
-        """This rank's shard of an unsharded paged cache (shard_kv with rank=self.rank)."""
+    def shard_kv(self, cache: Tensor, block_table: Tensor, seq_lens: Tensor, *, fill: float = 0.0) -> Tensor:
+        """This rank's shard of an unsharded paged cache (as shard_kv gives every rank's)."""
         if cache.dim() < 3 or cache.shape[1] != self.block_size:
-            raise ValueError(f"Placement.shard: cache must be [num_blocks, block_size = {self.block_size}, *E], got "
-                             f"shape {tuple(cache.shape)}")
-        return shard_kv(cache, block_table, seq_lens, self.world_size, self.interleave, fill, rank=self.rank)
+            raise ValueError(f"Placement.shard_kv: cache must be [num_blocks, block_size = {self.block_size}, *E], "
+                             f"got shape {tuple(cache.shape)}")
+        return _shard(cache, block_table, seq_lens, self.world_size, self.interleave, fill, (self.rank,),
+                      "Placement.shard_kv")[0]
+
+    def shard(self, cache: Tensor, block_table: Tensor, seq_lens: Tensor, fill: float = 0.0) -> Tensor:
+        """Deprecated name of shard_kv (removed in 0.3)."""
+        warn_renamed("Placement.shard", "Placement.shard_kv")
+        return self.shard_kv(cache, block_table, seq_lens, fill=fill)

@@ -14,6 +14,11 @@ precision (the decode ops, docs/design.md §2): "native" (default) computes what
 cache's type), fp32 accumulation, fp32 softmax statistics and row sums. "fp32" gives results as if every product were
 fp32 (split 16-bit terms on the tensor cores). fp32 caches compute in fp32 either way, and the CPU kernels are exact
 under both.
+
+Calls: tensors by position, options (precision, scales, lse_base, nonfinite_lse, preallocated buffers) by keyword; the
+old positional forms of the merges' options still work in 0.2 with a DeprecationWarning. The wrappers return what they
+computed or filled (pack_exchange its `send`, merge_exchange its `out` and `lse`, made when not given), where the raw
+torch.ops.dcp_ops ops that fill a caller's buffers return nothing (their schemas, csrc/schemas.h, are unchanged).
 """
 import math
 import numbers
@@ -21,20 +26,22 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._deprecated import keyword_only
+
 _ops = torch.ops.dcp_ops
 Tensor = torch.Tensor
 PRECISIONS = ("native", "fp32")
 NONFINITE_LSE = ("empty", "propagate")
 
 
-def _check_choice(op: str, name: str, value, choices: Tuple[str, ...]) -> str:
+def check_choice(op: str, name: str, value, choices: Tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{op}: {name} must be one of {choices}, got {value!r}")
     return value
 
 
 def check_precision(op: str, precision: str) -> str:
-    return _check_choice(op, "precision", precision, PRECISIONS)
+    return check_choice(op, "precision", precision, PRECISIONS)
 
 
 def _real(op: str, name: str, x) -> float:
@@ -61,7 +68,7 @@ def _tensor(op: str, name: str, x, dims: int, shape: str) -> Tensor:
 
 
 def check_nonfinite_lse(op: str, nonfinite_lse: str) -> str:
-    return _check_choice(op, "nonfinite_lse", nonfinite_lse, NONFINITE_LSE)
+    return check_choice(op, "nonfinite_lse", nonfinite_lse, NONFINITE_LSE)
 
 
 def gqa_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
@@ -111,7 +118,8 @@ def mla_decode_partial(q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor, block_tab
                                    cu_seqlens_q=cu_seqlens_q, kv_scale=kv_scale)
 
 
-def merge_partials(outs: Tensor, lses: Tensor, lse_base: float = math.e,
+@keyword_only
+def merge_partials(outs: Tensor, lses: Tensor, *, lse_base: float = math.e,
                    nonfinite_lse: str = "empty") -> Tuple[Tensor, Tensor]:
     """Exact merge of N normalised partial outputs.
 
@@ -123,7 +131,8 @@ def merge_partials(outs: Tensor, lses: Tensor, lse_base: float = math.e,
                                check_nonfinite_lse("merge_partials", nonfinite_lse))
 
 
-def correct_partial(out: Tensor, lses: Tensor, rank: int, lse_base: float = math.e,
+@keyword_only
+def correct_partial(out: Tensor, lses: Tensor, rank: int, *, lse_base: float = math.e,
                     nonfinite_lse: str = "empty") -> Tensor:
     """vLLM's correct_attn_out: rescales `out` [T, H, D] in place by exp(lse_rank - L), returns L [T, H] fp32 (natural).
 
@@ -140,7 +149,8 @@ def exchange_pad(dtype: torch.dtype) -> int:
     return 16 // torch.empty((), dtype=dtype).element_size()
 
 
-def pack_exchange(out: Tensor, lse: Tensor, world_size: int, send: Optional[Tensor] = None) -> Tensor:
+@keyword_only
+def pack_exchange(out: Tensor, lse: Tensor, world_size: int, *, send: Optional[Tensor] = None) -> Tensor:
     """Packs this rank's partial for the a2a exchange.
 
     out [T, H, D], lse [T, H] fp32 (natural). Returns send [N, T, H/N, D + pad] in out's dtype: send[r, t, i, :D] =
@@ -158,7 +168,8 @@ def pack_exchange(out: Tensor, lse: Tensor, world_size: int, send: Optional[Tens
     return send
 
 
-def merge_exchange(recv: Tensor, out: Optional[Tensor] = None, lse: Optional[Tensor] = None,
+@keyword_only
+def merge_exchange(recv: Tensor, *, out: Optional[Tensor] = None, lse: Optional[Tensor] = None,
                    nonfinite_lse: str = "empty") -> Tuple[Tensor, Tensor]:
     """Merges the a2a buffer received from every rank: recv [N, T, H_loc, D + pad] -> out [T, H_loc, D], lse [T, H_loc].
 
@@ -178,7 +189,8 @@ def merge_exchange(recv: Tensor, out: Optional[Tensor] = None, lse: Optional[Ten
     return out, lse
 
 
-def write_kv(cache: Tensor, new: Tensor, slot_mapping: Tensor, scale: Optional[Tensor] = None) -> None:
+@keyword_only
+def write_kv(cache: Tensor, new: Tensor, slot_mapping: Tensor, *, scale: Optional[Tensor] = None) -> None:
     """Owner-only KV append: cache [num_blocks, block_size, *E] gets new[t] [*E] at flat slot slot_mapping[t] [T].
 
     Slot -1 (a token another rank owns) is skipped; any other slot outside [0, num_blocks * block_size) is an error.
@@ -187,7 +199,7 @@ def write_kv(cache: Tensor, new: Tensor, slot_mapping: Tensor, scale: Optional[T
     stores new / scale, saturated to +-448 and rounded to nearest even (NaN stays NaN), so that stored x scale is the
     dequantized value.
     """
-    _ops.write_kv(cache, new, slot_mapping, scale)
+    _ops.write_kv(cache, new, slot_mapping, scale=scale)
 
 
 # Fake (meta) kernels so torch.compile and FakeTensor can trace the ops. They also run when an eager call mixes a meta

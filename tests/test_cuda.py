@@ -33,7 +33,7 @@ def test_merge_family_on_gpu(dtype):
     outs = torch.randn(4, 8, 16, 128).to(dtype)
     lses = torch.randn(4, 8, 16) * 3
     lses[0, 0, 0], lses[:, 1, 1] = math.nan, -math.inf
-    out, lse = dcp_ops.merge_partials(outs.cuda(), lses.cuda(), 2.0)
+    out, lse = dcp_ops.merge_partials(outs.cuda(), lses.cuda(), lse_base=2.0)
     r_out, r_lse = ref.merge_partials(outs, lses, 2.0)
     assert_matches(out.cpu(), r_out, dtype, "merge out")
     assert_lse_matches(lse.cpu(), r_lse, "merge lse")
@@ -48,7 +48,7 @@ def test_merge_family_on_gpu(dtype):
     for me in range(4):
         m_out = torch.full((8, 4, 128), math.nan, dtype=dtype, device="cuda")  # poisoned: every element written
         m_lse = torch.full((8, 4), math.nan, device="cuda")
-        dcp_ops.merge_exchange(torch.stack([s[me] for s in sends]), m_out, m_lse)
+        dcp_ops.merge_exchange(torch.stack([s[me] for s in sends]), out=m_out, lse=m_lse)
         r_out, r_lse = ref.merge_partials(outs[:, :, 4 * me:4 * me + 4], lses[:, :, 4 * me:4 * me + 4])
         assert_matches(m_out.cpu(), r_out, dtype, f"exchange merge out on rank {me}")
         assert_lse_matches(m_lse.cpu(), r_lse, f"exchange merge lse on rank {me}")

@@ -74,6 +74,12 @@ def _worker(rank, world, init_file, split):
                     assert_matches(out, want, torch.float32, what)
                     assert bool((lse[1] == float("-inf")).all())  # request 1 is empty on every rank
                     assert_lse_matches(lse, want_lse, what)
+                    made = ws.allocations  # the same step again reuses every buffer, and returns the same ones
+                    again = dcp_ops.dcp_attention(q, shard, group, mode=mode, q_replicated=replicated,
+                                                  return_lse=True, workspace=ws)
+                    assert ws.allocations == made, what
+                    kept = {"a2a": (out, lse), "ag_rs": (out,), "ag": ()}[mode]  # results that are workspace buffers
+                    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(again, kept)), what
             if kind == "gqa" and interleave == 1:  # merge_across: only ag_rs rescales its input, in place
                 part, part_lse = dcp_ops.gqa_decode_partial(c["q"], *shards, c["table"], local, c["scale"])
                 for mode in ("a2a", "ag", "ag_rs"):
@@ -195,7 +201,7 @@ def _mismatch_worker(rank, world, init_file):
     c = _case(world, "gqa", False, 1, torch.Generator().manual_seed(5))
     seq_lens = torch.tensor(c["lens"], dtype=torch.int32)
     p = dcp_ops.Placement(world, rank, 8)
-    shard = dcp_ops.GQAShard(*(p.shard(x, c["table"], seq_lens) for x in c["caches"]), c["table"],
+    shard = dcp_ops.GQAShard(*(p.shard_kv(x, c["table"], seq_lens) for x in c["caches"]), c["table"],
                              p.local_seq_lens(seq_lens), c["scale"])
     h_loc = c["q"].shape[1] // world
     q = c["q"][:, rank * h_loc:(rank + 1) * h_loc].contiguous()

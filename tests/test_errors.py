@@ -93,7 +93,7 @@ def test_merge_rejects(args, msg):
 
 def test_merge_rejects_bad_base():
     with pytest.raises(RuntimeError, match="lse_base must be e or 2"):
-        dcp_ops.merge_partials(torch.randn(2, 1, 1, 4), torch.randn(2, 1, 1), 1.0)
+        dcp_ops.merge_partials(torch.randn(2, 1, 1, 4), torch.randn(2, 1, 1), lse_base=1.0)
 
 
 def test_correct_partial_rejects():
@@ -109,9 +109,9 @@ def test_exchange_rejects():
     with pytest.raises(RuntimeError, match=r"pack_exchange: send.shape\[3\] \(D \+ pad"):
         dcp_ops.pack_exchange(torch.randn(2, 6, 8), torch.randn(2, 6), 3, send=torch.empty(3, 2, 2, 9))
     with pytest.raises(RuntimeError, match="merge_exchange: recv last dim must be D"):
-        dcp_ops.merge_exchange(torch.empty(2, 1, 1, 4), torch.empty(1, 1, 0), torch.empty(1, 1))
+        dcp_ops.merge_exchange(torch.empty(2, 1, 1, 4), out=torch.empty(1, 1, 0), lse=torch.empty(1, 1))
     with pytest.raises(RuntimeError, match="merge_exchange: lse must have dtype Float"):
-        dcp_ops.merge_exchange(torch.empty(2, 1, 1, 12), torch.empty(1, 1, 8), torch.empty(1, 1).double())
+        dcp_ops.merge_exchange(torch.empty(2, 1, 1, 12), out=torch.empty(1, 1, 8), lse=torch.empty(1, 1).double())
 
 
 WRITE_BAD = [
@@ -178,11 +178,11 @@ WRAPPER_BAD = [  # the Python wrappers' own checks: each names its argument
      "gqa_decode_partial: scale must be a real number, got str"),
     (lambda: dcp_ops.gqa_decode_partial(**gqa_args(scale=None)), TypeError, "gqa_decode_partial: scale must be a real"),
     (lambda: dcp_ops.mla_decode_partial(**mla_args(scale=True)), TypeError, "mla_decode_partial: scale must be a real"),
-    (lambda: dcp_ops.merge_partials(torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1), "e"), TypeError,
+    (lambda: dcp_ops.merge_partials(torch.randn(2, 1, 1, 8), torch.randn(2, 1, 1), lse_base="e"), TypeError,
      "merge_partials: lse_base must be a real number"),
     (lambda: dcp_ops.correct_partial(torch.randn(1, 1, 8), torch.randn(2, 1, 1), 1.0), TypeError,
      "correct_partial: rank must be an int, got float"),
-    (lambda: dcp_ops.correct_partial(torch.randn(1, 1, 8), torch.randn(2, 1, 1), 0, None), TypeError,
+    (lambda: dcp_ops.correct_partial(torch.randn(1, 1, 8), torch.randn(2, 1, 1), 0, lse_base=None), TypeError,
      "correct_partial: lse_base must be a real number"),
     (lambda: dcp_ops.pack_exchange(torch.randn(2, 4), torch.randn(2, 4), 2), ValueError,
      r"pack_exchange: out must be 3-D \[T, H, D\], got shape \[2, 4\]"),

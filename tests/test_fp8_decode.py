@@ -182,7 +182,7 @@ def _dcp_worker(rank, world, init_file):
         lens, table = args[4], args[3]
         local = dcp_ops.local_seq_lens(lens, world, rank)
         caches = args[1:3] if kind == "gqa" else args[2:3]
-        mine = [dcp_ops.shard_kv(c, table, lens, world, rank=rank, fill=float("nan")) for c in caches]
+        mine = [dcp_ops.shard_kv(c, table, lens, world, fill=float("nan"))[rank] for c in caches]
         if kind == "gqa":
             shard = dcp_ops.GQAShard(mine[0], mine[1], table, local, args[5], **scales)
             q_full = args[0]

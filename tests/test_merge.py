@@ -33,7 +33,7 @@ def random_partials(N, T, H, D, dtype, gen, special=True):
 def test_merge_partials_matches_reference(dtype, N, T, H, D, base, seed):
     gen = torch.Generator().manual_seed(seed)
     outs, lses = random_partials(N, T, H, D, dtype, gen)
-    out, lse = dcp_ops.merge_partials(outs, lses, base)
+    out, lse = dcp_ops.merge_partials(outs, lses, lse_base=base)
     r_out, r_lse = ref.merge_partials(outs, lses, base)
     assert out.dtype == dtype and lse.dtype == torch.float32
     assert_matches(out, r_out, dtype, "out")
@@ -55,7 +55,7 @@ def test_merge_partials_non_contiguous_inputs():
 def test_merge_base2_equals_natural():
     gen = torch.Generator().manual_seed(5)
     outs, lses = random_partials(4, 3, 2, 16, torch.float32, gen, special=False)
-    a_out, a_lse = dcp_ops.merge_partials(outs, lses / math.log(2), 2.0)
+    a_out, a_lse = dcp_ops.merge_partials(outs, lses / math.log(2), lse_base=2.0)
     b_out, b_lse = dcp_ops.merge_partials(outs, lses)
     torch.testing.assert_close(a_out, b_out)
     torch.testing.assert_close(a_lse, b_lse)
@@ -70,7 +70,7 @@ def test_correct_partial_matches_reference(dtype, N, T, H, D, base, data, seed):
     rank = data.draw(st.integers(0, N - 1))
     out = outs[rank].clone()
     r_out, r_lse = ref.correct_partial(out, lses, rank, base)
-    lse = dcp_ops.correct_partial(out, lses, rank, base)
+    lse = dcp_ops.correct_partial(out, lses, rank, lse_base=base)
     assert_matches(out, r_out, dtype, "corrected out (in place)")
     assert_lse_matches(lse, r_lse, "lse")
 
@@ -107,7 +107,7 @@ def test_pack_exchange_layout_and_merge(dtype, N, T, hl, D, seed):
         recv = torch.stack([s[me] for s in sends])  # what all_to_all_single delivers to rank `me`
         out = torch.full((T, hl, D), NAN, dtype=dtype)
         lse = torch.full((T, hl), NAN)
-        dcp_ops.merge_exchange(recv, out, lse)
+        dcp_ops.merge_exchange(recv, out=out, lse=lse)
         outs = torch.stack([p[0][:, me * hl:(me + 1) * hl] for p in partials])
         lses = torch.stack([p[1][:, me * hl:(me + 1) * hl] for p in partials])
         r_out, r_lse = ref.merge_partials(outs, lses)

@@ -65,7 +65,8 @@ def _check_invariant(op_of, kind, world, interleave, block_size, lens, n_q, abso
     seq_lens = torch.tensor(lens, dtype=I32)
     outs, lses = [], []
     for r in range(world):
-        shards = [dcp_ops.shard_kv(c, table, seq_lens, world, interleave, fill=float("nan"), rank=r) for c in caches]
+        place = dcp_ops.Placement(world, r, block_size, interleave)
+        shards = [place.shard_kv(c, table, seq_lens, fill=float("nan")) for c in caches]
         local = dcp_ops.local_causal_lens(positions, world, r, interleave)
         out, lse = _call(op_of, kind, shards, table, qargs, local, cu, 0.2)
         outs.append(out)
@@ -271,7 +272,7 @@ def _dcp_worker(rank, world, init_file):
                                                      absorb=absorb)
         seq_lens = torch.tensor(lens, dtype=I32)
         place = dcp_ops.Placement(world, rank, 4, 2)
-        shards = [place.shard(c, table, seq_lens, fill=float("nan")) for c in caches]
+        shards = [place.shard_kv(c, table, seq_lens, fill=float("nan")) for c in caches]
         local = place.local_causal_lens(positions)
         if kind == "gqa":
             shard = dcp_ops.GQAShard(*shards, table, local, 0.2, cu_seqlens_q=cu, placement=place)

@@ -177,11 +177,11 @@ def _check_merges(ops, dtype, nonfinite_lse, where):
     outs = torch.randn(N, T, H, D, generator=gen).to(dtype)
     lses = _lses_with_nonfinite(N, T, H, gen)
     what = f"{where} {nonfinite_lse}"
-    out, lse = ops.merge_partials(outs, lses, math.e, nonfinite_lse)
+    out, lse = ops.merge_partials(outs, lses, nonfinite_lse=nonfinite_lse)
     assert_same_nonfinite(out, lse, *ref.merge_partials(outs, lses, nonfinite_lse=nonfinite_lse), dtype,
                           f"merge_partials {what}")
     part = outs[1].clone()
-    total = ops.correct_partial(part, lses, 1, math.e, nonfinite_lse)
+    total = ops.correct_partial(part, lses, 1, nonfinite_lse=nonfinite_lse)
     r_part, r_total = ref.correct_partial(outs[1], lses, 1, nonfinite_lse=nonfinite_lse)
     assert_same_nonfinite(part, total, r_part, r_total, dtype, f"correct_partial {what}")
     pad = 16 // outs.element_size()
@@ -189,7 +189,7 @@ def _check_merges(ops, dtype, nonfinite_lse, where):
     recv[..., :D] = outs
     recv[..., D:D + 4 // outs.element_size()] = lses.unsqueeze(-1).view(dtype)
     m_out, m_lse = torch.full((T, H, D), NAN, dtype=dtype), torch.full((T, H), NAN)
-    ops.merge_exchange(recv, m_out, m_lse, nonfinite_lse)
+    ops.merge_exchange(recv, out=m_out, lse=m_lse, nonfinite_lse=nonfinite_lse)
     assert_same_nonfinite(m_out, m_lse, *ref.merge_exchange(outs, lses, nonfinite_lse), dtype,
                           f"merge_exchange {what}")
     if nonfinite_lse == "propagate":  # the rows the contract names
@@ -241,7 +241,7 @@ def test_zero_size_dims(backend, request):
                                       torch.randn(4, 128, 0))  # D_v = 0: an empty output, lse as usual
     assert out.shape == (2, 4, 0) and torch.isfinite(lse[0]).all() and (lse[1] == -INF).all()
     for N, T, H, D in ((0, 2, 2, 8), (2, 0, 2, 8), (2, 2, 0, 8), (2, 2, 2, 0)):
-        out, lse = ops.merge_partials(torch.randn(N, T, H, D), torch.randn(N, T, H), math.e, "propagate")
+        out, lse = ops.merge_partials(torch.randn(N, T, H, D), torch.randn(N, T, H), nonfinite_lse="propagate")
         assert out.shape == (T, H, D) and lse.shape == (T, H)
         if N == 0 and T * H:  # no partial at all: every row is empty
             assert (lse == -INF).all() and (out == 0).all()
@@ -253,12 +253,12 @@ def test_outputs_that_overlap_themselves_are_refused(backend, request):
     lses = torch.randn(2, 3, 4)
     out = torch.randn(1, 4, 8).expand(3, 4, 8)  # stride 0 over tokens
     with pytest.raises(ValueError, match="correct_partial: out is written in place and must not overlap itself"):
-        ops.correct_partial(out, lses, 0, math.e, "empty")
+        ops.correct_partial(out, lses, 0, nonfinite_lse="empty")
     cache = torch.zeros(1, 4, 8).expand(2, 4, 8)
     with pytest.raises(ValueError, match="write_kv: cache is written in place and must not overlap itself"):
         ops.write_kv(cache, torch.randn(2, 8), torch.tensor([0, 5], dtype=torch.int32))
     recv = torch.randn(2, 3, 4, 8 + 4)
     with pytest.raises(ValueError, match="merge_exchange: out is written in place"):
-        ops.merge_exchange(recv, torch.zeros(1, 4, 8).expand(3, 4, 8), torch.zeros(3, 4), "empty")
+        ops.merge_exchange(recv, out=torch.zeros(1, 4, 8).expand(3, 4, 8), lse=torch.zeros(3, 4))
     with pytest.raises(ValueError, match="merge_exchange: lse is written in place"):
-        ops.merge_exchange(recv, torch.zeros(3, 4, 8), torch.zeros(1, 4).expand(3, 4), "empty")
+        ops.merge_exchange(recv, out=torch.zeros(3, 4, 8), lse=torch.zeros(1, 4).expand(3, 4))

@@ -28,7 +28,7 @@ def test_methods_are_the_free_functions(world, rank, bs, interleave):
     positions = torch.randint(0, 6 * bs * world, (50,), generator=gen)  # int64, as engines keep them
     seq_ids = torch.randint(0, 3, (50,), generator=gen)
     lens = torch.randint(0, 6 * bs * world + 1, (3,), generator=gen)
-    pairs = [(p.owner(positions), dcp_ops.owner_rank(positions, world, interleave)),
+    pairs = [(p.owner_rank(positions), dcp_ops.owner_rank(positions, world, interleave)),
              (p.local_index(positions), dcp_ops.local_index(positions, world, interleave)),
              (p.local_seq_lens(lens), dcp_ops.local_seq_lens(lens, world, rank, interleave)),
              (p.local_causal_lens(positions), dcp_ops.local_causal_lens(positions, world, rank, interleave)),
@@ -41,7 +41,7 @@ def test_methods_are_the_free_functions(world, rank, bs, interleave):
                                                        for q in positions.tolist()]
     cache = torch.randn(3 * 6, bs, 2, 8, generator=gen)
     lens = torch.randint(0, 6 * bs + 1, (3,), generator=gen)  # what the unsharded cache holds under this table
-    assert torch.equal(p.shard(cache, table, lens), dcp_ops.shard_kv(cache, table, lens, world, interleave)[rank])
+    assert torch.equal(p.shard_kv(cache, table, lens), dcp_ops.shard_kv(cache, table, lens, world, interleave)[rank])
 
 
 def test_placement_refuses_bad_numbers():
@@ -51,9 +51,9 @@ def test_placement_refuses_bad_numbers():
         dcp_ops.Placement(2, 0, 16, 3)
     with pytest.raises(TypeError, match="Placement: block_size must be an int, got float"):
         dcp_ops.Placement(2, 0, 16.0)
-    with pytest.raises(ValueError, match=r"Placement.shard: cache must be \[num_blocks, block_size = 16"):
-        dcp_ops.Placement(2, 0, 16).shard(torch.zeros(4, 8, 3), torch.zeros(1, 1, dtype=I32),
-                                          torch.zeros(1, dtype=I32))
+    with pytest.raises(ValueError, match=r"Placement.shard_kv: cache must be \[num_blocks, block_size = 16"):
+        dcp_ops.Placement(2, 0, 16).shard_kv(torch.zeros(4, 8, 3), torch.zeros(1, 1, dtype=I32),
+                                             torch.zeros(1, dtype=I32))
 
 
 def test_helpers_return_int32_that_the_ops_take():
@@ -74,7 +74,7 @@ def test_per_step_helpers_read_nothing_on_the_host():
     positions = torch.empty(10, dtype=torch.int64, device="meta")
     table = torch.empty(3, 5, dtype=I32, device="meta")
     seq_ids = torch.empty(10, dtype=I32, device="meta")
-    for out in (p.owner(positions), p.local_index(positions), p.local_causal_lens(positions),
+    for out in (p.owner_rank(positions), p.local_index(positions), p.local_causal_lens(positions),
                 p.local_seq_lens(positions), p.slot_mapping(table, seq_ids, positions)):
         assert out.device.type == "meta" and out.dtype == torch.int32 and out.shape == (10,)
 
@@ -84,7 +84,7 @@ def test_per_step_helpers_compile_without_graph_breaks():
 
     def step(table, seq_ids, positions, seq_lens):
         return (p.slot_mapping(table, seq_ids, positions), p.local_seq_lens(seq_lens),
-                p.local_causal_lens(positions), p.owner(positions))
+                p.local_causal_lens(positions), p.owner_rank(positions))
 
     compiled = torch.compile(step, fullgraph=True, backend="eager")
     gen = torch.Generator().manual_seed(2)
@@ -127,7 +127,7 @@ def test_engine_path_prefill_by_slots_equals_the_shard():
         p = dcp_ops.Placement(world, rank, bs, interleave)
         cache = torch.full_like(unsharded, float("nan"))
         dcp_ops.write_kv(cache, torch.cat(kv), p.slot_mapping(table, seq_ids, positions))
-        shard = p.shard(unsharded, table, torch.tensor(lens), fill=float("nan"))
+        shard = p.shard_kv(unsharded, table, torch.tensor(lens), fill=float("nan"))
         assert torch.equal(cache.nan_to_num(7.0), shard.nan_to_num(7.0)), rank
 
 
@@ -144,13 +144,13 @@ def test_engine_path_into_fp8_caches_equals_the_shard_of_the_quantized_cache():
     kv = randn(sum(lens), 3, 8, gen=gen) * 40  # some beyond 448 x scale: saturated
     whole = dcp_ops.Placement(1, 0, bs, interleave)
     unsharded = torch.zeros(8, bs, 3, 8).to(fp8)
-    dcp_ops.write_kv(unsharded, kv, whole.slot_mapping(table, seq_ids, positions), scale)
+    dcp_ops.write_kv(unsharded, kv, whole.slot_mapping(table, seq_ids, positions), scale=scale)
     shards = []
     for rank in range(world):
         p = dcp_ops.Placement(world, rank, bs, interleave)
         cache = torch.zeros(8, bs, 3, 8).to(fp8)
-        dcp_ops.write_kv(cache, kv, p.slot_mapping(table, seq_ids, positions), scale)
-        shard = p.shard(unsharded, table, torch.tensor(lens), fill=0.0)
+        dcp_ops.write_kv(cache, kv, p.slot_mapping(table, seq_ids, positions), scale=scale)
+        shard = p.shard_kv(unsharded, table, torch.tensor(lens), fill=0.0)
         assert torch.equal(cache.view(torch.uint8), shard.view(torch.uint8)), rank
         shards.append(cache)
     back = dcp_ops.unshard_kv(shards, table, torch.tensor(lens), interleave, fill=0.0)
@@ -194,7 +194,7 @@ def _any_heads_worker(rank, world, init_file):
     q = randn(3, 8, 16, gen=gen)  # 8 heads on 3 ranks
     seq_lens = torch.tensor(lens, dtype=I32)
     p = dcp_ops.Placement(world, rank, 4)
-    shard = dcp_ops.GQAShard(p.shard(k, table, seq_lens, float("nan")), p.shard(v, table, seq_lens, float("nan")),
+    shard = dcp_ops.GQAShard(p.shard_kv(k, table, seq_lens, fill=float("nan")), p.shard_kv(v, table, seq_lens, fill=float("nan")),
                              table, p.local_seq_lens(seq_lens), 0.25, placement=p)
     out, lse = dcp_ops.dcp_attention(q, shard, mode="ag", q_replicated=True, return_lse=True)
     want, want_lse = ref.gqa_decode_partial(q, k, v, table, seq_lens, 0.25)

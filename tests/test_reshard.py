@@ -39,7 +39,7 @@ def _per_token_plan(src, dst, lens, start, src_table, dst_table):
     want = {}
     for b, (n, s) in enumerate(zip(lens, start)):
         pos = torch.arange(n)
-        (rs, js), (rd, jd) = [(side.owner(pos).tolist(), side.local_index(pos).tolist()) for side in (src, dst)]
+        (rs, js), (rd, jd) = [(side.owner_rank(pos).tolist(), side.local_index(pos).tolist()) for side in (src, dst)]
         for p in range(s, n):
             key = (b, rs[p], int(src_table[b, js[p] // src.block_size]), js[p] % src.block_size)
             want[key] = (rd[p], int(dst_table[b, jd[p] // dst.block_size]), jd[p] % dst.block_size, p)
@@ -272,7 +272,7 @@ def _resize_worker(rank, world, init_file):
     caches = [s.clone() for s in shards[rank]]
     dcp_ops.reshard_kv(caches, caches, runs, None, src_ranks=[0, 1, 2, 3], dst_ranks=[0, 1, 2, 3])
     unsharded = dcp_ops.unshard_kv([s[0] for s in shards], table, lens, interleave=1, fill=NAN)
-    want = dcp_ops.shard_kv(unsharded, table, lens, 4, interleave=4, fill=NAN, rank=rank)
+    want = dcp_ops.shard_kv(unsharded, table, lens, 4, interleave=4, fill=NAN)[rank]
     owned = ~want.isnan()
     assert owned.any() and torch.equal(caches[0][owned], want[owned])
     dist.barrier()
@@ -374,7 +374,7 @@ def _gather_case(rank, world, lens, entry, dtype, bs, interleave, start, end, se
     table = _table(len(lens), math.ceil(max(lens) / bs) + 1, gen)
     place = Placement(world, rank, bs, interleave)
     seq_lens = torch.tensor(lens)
-    shard = place.shard(_unsharded(tokens, table, bs, dtype, [0] * len(lens)), table, seq_lens, fill=NAN)
+    shard = place.shard_kv(_unsharded(tokens, table, bs, dtype, [0] * len(lens)), table, seq_lens, fill=NAN)
     got = dcp_ops.gather_kv(shard, table, seq_lens, place, None,
                             None if start is None else torch.tensor(start), None if end is None else torch.tensor(end))
     start, end = start or [0] * len(lens), end or lens

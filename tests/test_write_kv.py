@@ -81,7 +81,7 @@ def test_write_kv_into_an_fp8_cache_is_torchs_saturated_conversion(request, dtyp
     slots[::5] = -1
     scale = torch.tensor([0.5])
     expected = ref.write_kv(cache, new.view(T, 2, E // 2), slots, scale)
-    op(cache, new.view(T, 2, E // 2), slots, scale)
+    op(cache, new.view(T, 2, E // 2), slots, scale=scale)
     _assert_fp8_equal(cache, expected)
     assert float(expected.float().abs().nan_to_num(0).max()) == 448.0  # the saturation was exercised
 
@@ -99,5 +99,6 @@ def test_write_kv_into_an_fp8_cache_is_torchs_saturated_conversion(request, dtyp
 def test_write_kv_fp8_arguments_are_checked_by_name(args, msg):
     cache = torch.zeros(2, 4, 8).to(FP8)
     new, slots = torch.randn(3, 8), torch.tensor([0, 5, -1], dtype=torch.int32)
+    *given, scale = args(cache, new, slots)
     with pytest.raises((ValueError, RuntimeError), match=msg):
-        dcp_ops.write_kv(*args(cache, new, slots))
+        dcp_ops.write_kv(*given, scale=scale)

@@ -79,7 +79,7 @@ def merges():
     sends = [dcp_ops.pack_exchange(*cuda(outs[r], lses[r]), 2) for r in range(2)]
     m_out = torch.full((4, 4, 64), float("nan"), dtype=torch.bfloat16, device="cuda")
     m_lse = torch.full((4, 4), float("nan"), device="cuda")
-    dcp_ops.merge_exchange(torch.stack([s[0] for s in sends]), m_out, m_lse)
+    dcp_ops.merge_exchange(torch.stack([s[0] for s in sends]), out=m_out, lse=m_lse)
     part = outs[1].clone().cuda()
     dcp_ops.correct_partial(part, lses.cuda(), 1)
     cache = torch.zeros(4, 8, 2, 64, device="cuda")

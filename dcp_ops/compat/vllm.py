@@ -41,7 +41,7 @@ def _gather_lses(cp_attn_lse: Tensor, pg) -> Tensor:
 def correct_attn_out(out: Tensor, lses: Tensor, cp_rank: int, ctx=None,
                      is_lse_base_on_e: bool = True) -> Tuple[Tensor, Tensor]:
     """out [B, H, D] is rescaled in place by exp(lse_rank - L); lses [N, B, H]. Returns (out, L [B, H])."""
-    total = ops.correct_partial(out, lses.float(), cp_rank, _base(is_lse_base_on_e))
+    total = ops.correct_partial(out, lses.float(), cp_rank, lse_base=_base(is_lse_base_on_e))
     return out, _to_base(total, is_lse_base_on_e)
 
 
