@@ -2,8 +2,10 @@
 //
 // Blocks run one after another; the threads of a block are fibers (ucontext) that run until they meet a barrier:
 // __syncthreads() releases when every live thread of the block waits there, warp operations (__shfl*_sync, votes,
-// __syncwarp, the tensor-core emulations) when every live lane of the warp does. A thread that exits while others
-// wait at __syncthreads, or a state where nothing can run, is reported as an error.
+// __syncwarp, the tensor-core emulations) when every live lane of the warp does, warpgroup operations (wgmma.*,
+// simt/wgmma.h) when all 128 threads of the warpgroup (4 consecutive warps: linear thread id / 128) do. A thread that
+// exits while others wait at __syncthreads or at a warpgroup operation (.sync.aligned needs all 128), threads of a
+// warpgroup waiting at different warpgroup operations, or a state where nothing can run, is reported as an error.
 // It is built to fail where a GPU would:
 //   - Schedules. A fiber runs alone until its next barrier or warp operation, and the first runnable fiber in the
 //     schedule's order runs next, so the warp released first runs ahead of the others up to the next barrier: a
@@ -13,7 +15,8 @@
 //     refused by name. Forward and reverse together see every race of one writer and one reader.
 //   - Asynchronous copies land at their wait: cp.async (async_copy16) snapshots its 16 source bytes at issue and
 //     writes them to shared memory only when a cp.async.wait_group retires its commit group (in commit order), so a
-//     read before the wait sees whatever was there: poison, or an older tile.
+//     read before the wait sees whatever was there: poison, or an older tile. wgmma.mma_async likewise reads its
+//     operands and writes its accumulators only when a wgmma.wait_group retires its group (simt/wgmma.h).
 //   - Bank conflicts. The warp-wide shared accesses the executor performs (ldmatrix, and the stores routed through
 //     st_shared_u32) are counted in g_bank_stats, cp.async's writes (the k-th copy of each lane of a warp taken as
 //     one instruction) in g_async_bank_stats: requests, wavefronts, and the fewest wavefronts their sizes allow.
@@ -69,7 +72,9 @@ inline thread_local std::vector<unsigned char> g_dynamic_smem;
 
 constexpr int kWarp = 32;
 
-enum class State { Runnable, WaitBlock, WaitWarp, Done };
+constexpr int kWarpgroup = 128;  // 4 consecutive warps: the unit of wgmma
+
+enum class State { Runnable, WaitBlock, WaitWarp, WaitGroup, Done };
 
 // One 16-byte cp.async in flight: its destination and the source bytes read at issue.
 struct AsyncCopy {
@@ -83,6 +88,7 @@ struct Fiber {
   dim3 tid;
   int linear = 0;
   State state = State::Runnable;
+  const char* group_op = nullptr;                   // the warpgroup operation it waits at (WaitGroup), for errors
   std::vector<AsyncCopy> open_group;                // issued since the last commit
   std::vector<std::vector<AsyncCopy>> committed;    // commit groups not yet retired, oldest first
 };
@@ -137,6 +143,7 @@ struct Block {
   // cp.async destinations by warp and issue index: the k-th copy of each lane of a warp is one warp instruction
   std::vector<std::vector<std::vector<uintptr_t>>> warp_copies;
   std::vector<int> copies_issued;  // per thread
+  std::shared_ptr<void> wgmma;     // the warpgroups' wgmma state (simt/wgmma.h), made at the block's first use
 };
 inline thread_local Block* g_block = nullptr;
 
@@ -211,6 +218,36 @@ inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block
       if (live(i)) b.fibers[i].state = State::Runnable;
     released();
   };
+  // Releases warpgroup w when all 128 of its threads wait at the same warpgroup operation. Once no thread of it can
+  // still arrive (each waits there or has exited), an exited thread, a block too small to hold the group, or two
+  // operations is an error: the operations are .sync.aligned over the whole warpgroup.
+  auto try_release_group = [&](int w) {
+    const int lo = w * kWarpgroup, hi = std::min(n, lo + kWarpgroup);
+    int waiting = 0, done = 0;
+    for (int i = lo; i < hi; ++i) {
+      waiting += b.fibers[i].state == State::WaitGroup;
+      done += b.fibers[i].state == State::Done;
+    }
+    if (waiting == 0 || waiting + done < hi - lo) return;
+    const char* op = nullptr;
+    for (int i = lo; i < hi && !b.error; ++i) {
+      const Fiber& f = b.fibers[i];
+      if (f.state != State::WaitGroup) continue;
+      if (op != nullptr && std::strcmp(op, f.group_op) != 0)
+        b.error = std::make_exception_ptr(std::runtime_error(
+            std::string("simt: warpgroup divergence: threads of warpgroup ") + std::to_string(w) + " wait at " + op +
+            " and at " + f.group_op));
+      op = f.group_op;
+    }
+    if (!b.error && (done > 0 || hi - lo < kWarpgroup))
+      b.error = std::make_exception_ptr(std::runtime_error(
+          std::string("simt: warpgroup divergence: ") + op + " needs all 128 threads of warpgroup " + std::to_string(w) +
+          ", but " + std::to_string(kWarpgroup - waiting) + " of them " +
+          (done > 0 ? "exited" : "are outside the block (" + std::to_string(n) + " threads)")));
+    if (b.error) return;
+    for (int i = lo; i < hi; ++i) b.fibers[i].state = State::Runnable;
+    released();
+  };
   g.blockIdx = block_idx;
   g.blockDim = block;
   g.gridDim = grid;
@@ -221,13 +258,17 @@ inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block
       b.current = i;
       g.threadIdx = b.fibers[i].tid;
       swapcontext(&b.sched, &b.fibers[i].ctx);
-      if (b.fibers[i].state != State::WaitBlock) try_release_warp(i / kWarp);
+      const State s = b.fibers[i].state;
+      if (s != State::WaitBlock) try_release_warp(i / kWarp);
+      if (s == State::WaitGroup || s == State::Done) try_release_group(i / kWarpgroup);
       continue;
     }
-    int done = 0, at_block = 0;
+    int done = 0, at_block = 0, at_warp = 0, at_group = 0;
     for (int i = 0; i < n; ++i) {
       done += b.fibers[i].state == State::Done;
       at_block += b.fibers[i].state == State::WaitBlock;
+      at_warp += b.fibers[i].state == State::WaitWarp;
+      at_group += b.fibers[i].state == State::WaitGroup;
     }
     if (done == n) break;
     if (at_block > 0 && at_block + done == n) {
@@ -241,8 +282,10 @@ inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block
       released();
       continue;
     }
-    b.error = std::make_exception_ptr(std::runtime_error("simt: deadlock: no thread can run (threads wait at "
-                                                         "barriers that can never release)"));
+    b.error = std::make_exception_ptr(std::runtime_error(
+        "simt: deadlock: no thread can run (threads wait at barriers that can never release: " +
+        std::to_string(at_block) + " at __syncthreads, " + std::to_string(at_warp) + " at warp operations, " +
+        std::to_string(at_group) + " at warpgroup operations)"));
   }
   for (const auto& warp : b.warp_copies)  // each cp.async warp instruction: 4 phases of 8 lanes x 16 bytes
     for (const auto& inst : warp)
@@ -291,6 +334,25 @@ void warp_view(const void* mine, F&& fn) {
   yield_as(State::WaitWarp);
   fn([&](int l) { return reinterpret_cast<const void*>(static_cast<uintptr_t>(b.warp_slots[base + l])); });
   yield_as(State::WaitWarp);
+}
+
+// Waits at warpgroup operation `op` (its name, for the error reports) until all 128 threads of the warpgroup do.
+inline void yield_to_group(const char* op) {
+  Block& b = *g_block;
+  b.fibers[b.current].group_op = op;
+  yield_as(State::WaitGroup);
+}
+
+// warp_view over the warpgroup: every thread of it publishes a pointer to its own data, then fn(at) runs, where at(r)
+// is the pointer of the group's thread r (0 .. 127); no thread leaves before every thread has run fn.
+template <typename F>
+void warpgroup_view(const char* op, const void* mine, F&& fn) {
+  Block& b = *g_block;
+  const int me = b.current, base = me - me % kWarpgroup;
+  b.warp_slots[me] = reinterpret_cast<uintptr_t>(mine);
+  yield_to_group(op);
+  fn([&](int r) { return reinterpret_cast<const void*>(static_cast<uintptr_t>(b.warp_slots[base + r])); });
+  yield_to_group(op);
 }
 
 // cp.async: 16 bytes from src (or zeros when !valid) to shared dst, landing when a wait retires the commit group.
@@ -360,6 +422,8 @@ inline unsigned ballot(bool p) {
 }
 
 }  // namespace dcp_ops::simt
+
+#include "simt/wgmma.h"
 
 #define threadIdx (::dcp_ops::simt::g.threadIdx)
 #define blockIdx (::dcp_ops::simt::g.blockIdx)

@@ -1,9 +1,11 @@
-// Kernels that test the SIMT executor itself: warp shuffles, shared memory + barriers, atomics, a missing barrier.
+// Kernels that test the SIMT executor itself: warp shuffles, shared memory + barriers, atomics, a missing barrier,
+// cp.async, bank counting, wgmma.
 #pragma once
 
 #include "kernels/common.cuh"
 #include "kernels/cp_async.cuh"
 #include "kernels/mma.cuh"
+#include "kernels/wgmma.cuh"
 
 namespace simt_selftest {
 
@@ -86,6 +88,86 @@ __global__ void strided_store(int stride, float* out) {
   dcp_ops::kernels::st_shared_u32(words + threadIdx.x * stride, threadIdx.x);
   __syncwarp();
   out[threadIdx.x] = static_cast<float>(words[threadIdx.x * stride]);
+}
+
+constexpr int kWgmmaMaxSteps = 4;
+
+// One warpgroup's wgmmas (kernels/wgmma.cuh) on a byte image of shared memory: the 128 threads copy `image` into
+// dynamic shared memory, then issue `nsteps` wgmmas in order. Step s takes the descriptors descs[2 s] (A, unused when
+// A comes from a_regs: [nsteps][128][4] registers) and descs[2 s + 1] (B), accumulates into accumulator
+// steps[3 s] (0 or 1) with scale-d steps[3 s + 1], and commits after it when steps[3 s + 2]. Then, for each i,
+// wgmma_wait<waits[i]> and every thread writes both accumulators to out[i][0 or 1][thread][N / 2]. The accumulators
+// start as c ([2][128][N / 2]). misuse: 1 zeroes shared memory between the issues and the first wait, 2 records
+// out[0] before the first wait (reads the accumulators in flight), 3 adds 1 to accumulator 0 before the first wait,
+// 4 leaves out the wgmma.fence, 5 has thread 127 exit before the wgmmas.
+template <int N, typename T>
+__global__ void wgmma_steps(const unsigned char* image, int bytes, const int64_t* descs, const int* steps, int nsteps,
+                            const int* waits, int nwaits, const uint32_t* a_regs, bool trans_a, bool trans_b,
+                            const float* c, float* out, int misuse) {
+  using namespace dcp_ops::kernels;
+  DCP_DYNAMIC_SMEM(unsigned char, smem);
+  const int tid = threadIdx.x;
+  for (int i = tid; i < bytes; i += blockDim.x) smem[i] = image[i];
+  fence_proxy_async();
+  __syncthreads();
+  if (misuse == 5 && tid == 127) return;
+  float acc[2][N / 2];
+  uint32_t a[kWgmmaMaxSteps][4];  // alive until the last wait, as the wgmmas read them there
+  for (int x = 0; x < 2; ++x)
+    for (int i = 0; i < N / 2; ++i) acc[x][i] = c[(x * 128 + tid) * (N / 2) + i];
+  for (int s = 0; a_regs != nullptr && s < nsteps; ++s)
+    for (int j = 0; j < 4; ++j) a[s][j] = a_regs[(s * 128 + tid) * 4 + j];
+  wgmma_fence_operand(acc[0]);
+  wgmma_fence_operand(acc[1]);
+  if (misuse != 4) wgmma_fence();
+  for (int s = 0; s < nsteps; ++s) {
+    float(&d)[N / 2] = acc[steps[3 * s]];
+    const uint64_t da = static_cast<uint64_t>(descs[2 * s]), db = static_cast<uint64_t>(descs[2 * s + 1]);
+    const int scale_d = steps[3 * s + 1];
+    if (a_regs != nullptr) {
+      if (trans_b)
+        wgmma_m64nNk16<N, T, true>(d, a[s], db, scale_d);
+      else
+        wgmma_m64nNk16<N, T, false>(d, a[s], db, scale_d);
+    } else if (trans_a) {
+      if (trans_b)
+        wgmma_m64nNk16<N, T, true, true>(d, da, db, scale_d);
+      else
+        wgmma_m64nNk16<N, T, false, true>(d, da, db, scale_d);
+    } else {
+      if (trans_b)
+        wgmma_m64nNk16<N, T, true>(d, da, db, scale_d);
+      else
+        wgmma_m64nNk16<N, T, false>(d, da, db, scale_d);
+    }
+    if (steps[3 * s + 2]) wgmma_commit();
+  }
+  auto record = [&](int i) {
+    for (int x = 0; x < 2; ++x)
+      for (int e = 0; e < N / 2; ++e) out[((i * 2 + x) * 128 + tid) * (N / 2) + e] = acc[x][e];
+  };
+  if (misuse == 1)
+    for (int i = tid; i < bytes; i += blockDim.x) smem[i] = 0;
+  if (misuse == 3)
+    for (int e = 0; e < N / 2; ++e) acc[0][e] += 1.f;
+  if (misuse == 2) record(0);
+  for (int i = 0; i < nwaits; ++i) {
+    switch (waits[i]) {
+      case 0: wgmma_wait<0>(); break;
+      case 1: wgmma_wait<1>(); break;
+      case 2: wgmma_wait<2>(); break;
+      default: wgmma_wait<3>(); break;
+    }
+    wgmma_fence_operand(acc[0]);
+    wgmma_fence_operand(acc[1]);
+    if (misuse != 2 || i > 0) record(i);
+  }
+}
+
+// make_smem_desc of the dynamic shared-memory byte `offset` (one thread): its descriptor in *out.
+__global__ void wgmma_desc(int offset, int swizzle, int lbo, int sbo, int64_t* out) {
+  DCP_DYNAMIC_SMEM(unsigned char, smem);
+  *out = static_cast<int64_t>(dcp_ops::kernels::make_smem_desc(smem + offset, swizzle, lbo, sbo));
 }
 
 }  // namespace simt_selftest

@@ -77,6 +77,66 @@ static Tensor divergent_barrier() {
   return out;
 }
 
+// One warpgroup's wgmmas on a shared-memory image (simt_selftest::wgmma_steps, which says what the arguments mean):
+// image uint8 [bytes], descs int64 [S, 2] (A, B), steps int32 [S, 3], waits int32 [W], a_regs int32 [S, 128, 4] or
+// None (A from descriptors), c float32 [2, 128, N / 2]; dtype 0 bf16, 1 fp16. Returns out [W, 2, 128, N / 2],
+// NaN where the kernel wrote nothing.
+struct WgmmaArgs {
+  const Tensor &image, &descs, &steps, &waits;
+  const uint32_t* a_regs;
+  bool trans_a, trans_b;
+  const Tensor &c, &out;
+  int misuse;
+};
+template <int N, typename T>
+static void launch_wgmma(const WgmmaArgs& a) {
+  constexpr auto kernel = simt_selftest::wgmma_steps<N, T>;
+  DCP_LAUNCH(kernel, dim3(1), dim3(128), a.image.numel(), nullptr, a.image.data_ptr<uint8_t>(),
+             static_cast<int>(a.image.numel()), a.descs.data_ptr<int64_t>(), a.steps.data_ptr<int>(),
+             static_cast<int>(a.steps.size(0)), a.waits.data_ptr<int>(), static_cast<int>(a.waits.numel()), a.a_regs,
+             a.trans_a, a.trans_b, a.c.data_ptr<float>(), a.out.data_ptr<float>(), a.misuse);
+}
+template <typename T, int... Ns>
+static bool launch_wgmma_n(int64_t n, std::integer_sequence<int, Ns...>, const WgmmaArgs& a) {
+  return ((n == Ns && (launch_wgmma<Ns, T>(a), true)) || ...);
+}
+
+static Tensor wgmma(const Tensor& image, const Tensor& descs, const Tensor& steps, const Tensor& waits, int64_t n,
+                    int64_t dtype, bool trans_a, bool trans_b, const std::optional<Tensor>& a_regs, const Tensor& c,
+                    int64_t misuse) {
+  const int64_t S = descs.size(0);
+  TORCH_CHECK(image.dtype() == at::kByte && image.is_contiguous(), "wgmma: image is contiguous uint8");
+  TORCH_CHECK(descs.dtype() == at::kLong && descs.is_contiguous() && descs.dim() == 2 && descs.size(1) == 2,
+              "wgmma: descs is int64 [S, 2]");
+  TORCH_CHECK(S >= 1 && S <= simt_selftest::kWgmmaMaxSteps, "wgmma: 1 to 4 steps");
+  TORCH_CHECK(steps.dtype() == at::kInt && steps.is_contiguous() && steps.sizes() == at::IntArrayRef({S, 3}),
+              "wgmma: steps is int32 [S, 3]");
+  TORCH_CHECK(waits.dtype() == at::kInt && waits.is_contiguous() && waits.dim() == 1, "wgmma: waits is int32 [W]");
+  TORCH_CHECK(c.dtype() == at::kFloat && c.is_contiguous() && c.sizes() == at::IntArrayRef({2, 128, n / 2}),
+              "wgmma: c is float32 [2, 128, N / 2]");
+  if (a_regs.has_value())
+    TORCH_CHECK(a_regs->dtype() == at::kInt && a_regs->is_contiguous() &&
+                    a_regs->sizes() == at::IntArrayRef({S, 128, 4}),
+                "wgmma: a_regs is int32 [S, 128, 4]");
+  TORCH_CHECK(dtype == 0 || dtype == 1, "wgmma: dtype 0 (bf16) or 1 (fp16)");
+  Tensor out = at::full({waits.numel(), 2, 128, n / 2}, NAN);
+  const WgmmaArgs a{image, descs, steps, waits,
+                    a_regs.has_value() ? reinterpret_cast<const uint32_t*>(a_regs->data_ptr<int>()) : nullptr,
+                    trans_a, trans_b, c, out, static_cast<int>(misuse)};
+  using Ns = std::integer_sequence<int, 8, 16, 24, 64, 128, 136, 256>;
+  const bool ok = dtype == 0 ? launch_wgmma_n<__nv_bfloat16>(n, Ns{}, a) : launch_wgmma_n<__half>(n, Ns{}, a);
+  TORCH_CHECK(ok, "wgmma: the self-test is built for N in {8, 16, 24, 64, 128, 136, 256}, got ", n);
+  return out;
+}
+
+// make_smem_desc (kernels/wgmma.cuh) of byte `offset` of a dynamic shared memory of smem_bytes.
+static int64_t wgmma_desc(int64_t smem_bytes, int64_t offset, int64_t swizzle, int64_t lbo, int64_t sbo) {
+  Tensor out = at::zeros({1}, at::kLong);
+  DCP_LAUNCH(simt_selftest::wgmma_desc, dim3(1), dim3(1), smem_bytes, nullptr, static_cast<int>(offset),
+             static_cast<int>(swizzle), static_cast<int>(lbo), static_cast<int>(sbo), out.data_ptr<int64_t>());
+  return out.item<int64_t>();
+}
+
 // The decode launchers' split plan (kernels/split_plan.cuh), as made under the executor (8 SMs).
 static std::tuple<Tensor, Tensor, Tensor> split_plan(const Tensor& seq_lens, const std::optional<Tensor>& cu,
                                                      int64_t capacity, int64_t granule, int64_t G, int64_t Hkv,
@@ -108,4 +168,7 @@ TORCH_LIBRARY(dcp_ops_simt, m) {
   m.def("bank_stats(bool reset=True) -> int[]", &bank_stats);
   m.def("async_bank_stats(bool reset=True) -> int[]", &async_bank_stats);
   m.def("divergent_barrier() -> Tensor", &divergent_barrier);
+  m.def("wgmma(Tensor image, Tensor descs, Tensor steps, Tensor waits, int n, int dtype, bool trans_a, bool trans_b, "
+        "Tensor? a_regs, Tensor c, int misuse=0) -> Tensor", &wgmma);
+  m.def("wgmma_desc(int smem_bytes, int offset, int swizzle, int lbo, int sbo) -> int", &wgmma_desc);
 }
