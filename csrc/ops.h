@@ -46,9 +46,15 @@ void validate_pack_exchange(const Tensor& out, const Tensor& lse, const Tensor& 
 void validate_merge_exchange(const Tensor& recv, const Tensor& out, const Tensor& lse);
 void validate_write_kv(const Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping,
                        const std::optional<Tensor>& scale);
-int64_t exchange_pad(at::ScalarType dtype);  // elements after D in a packed a2a row: 16 bytes, LSE in the first 4
+// A packed a2a row (pack_exchange, merge_exchange) is D elements and a pad of kExchangePadBytes, the fp32 LSE in its
+// first 4 bytes; exchange_pad is the pad in elements. dcp_ops.ops.exchange_pad reads the same constant (_C).
+constexpr int64_t kExchangePadBytes = 16;
+int64_t exchange_pad(at::ScalarType dtype);
 
-// CPU kernels (csrc/cpu/*.cpp).
+// CPU kernels. Declared here for their signatures: each is defined once per ISA level, as
+// dcp_ops::cpu::isa_<level>::<name> (the same name) in csrc/cpu/attention.cpp (the decode ops), csrc/cpu/merge.cpp
+// (the merge family) and csrc/cpu/write_kv.cpp, and ops.cpp registers the level chosen at import through its table
+// (csrc/cpu/level_ops.cpp; cpu_levels.h's Forward<&Ops::name>). No dcp_ops::<name>_cpu exists to call.
 std::tuple<Tensor, Tensor> gqa_decode_partial_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                                   const Tensor& block_table, const Tensor& seq_lens, double scale,
                                                   c10::string_view precision,

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cpu_levels.h"
+#include "ops.h"
 
 #ifndef DCP_OPS_CUDA_ARCHS
 #define DCP_OPS_CUDA_ARCHS ""
@@ -21,7 +22,8 @@ extern "C" PyObject* PyInit__C(void) {
   if (m == nullptr) return nullptr;
   PyModule_AddStringConstant(m, "cpu_isa", level);  // the CPU kernels' ISA level in use
   PyModule_AddStringConstant(m, "cpu_levels", dcp_ops::cpu::built_levels().c_str());  // those built, lowest first
-  PyModule_AddStringConstant(m, "cuda_archs", DCP_OPS_CUDA_ARCHS);  // TORCH_CUDA_ARCH_LIST of the build, "" without CUDA
+  PyModule_AddStringConstant(m, "cuda_archs", DCP_OPS_CUDA_ARCHS);
+  PyModule_AddIntConstant(m, "exchange_pad_bytes", dcp_ops::kExchangePadBytes);  // dcp_ops.ops.exchange_pad  // TORCH_CUDA_ARCH_LIST of the build, "" without CUDA
 #ifdef DCP_OPS_WITH_CUDA
   PyModule_AddIntConstant(m, "with_cuda", 1);
 #else

@@ -12,14 +12,14 @@ namespace dcp_ops {
 Precision parse_precision(c10::string_view precision, const char* op) {
   if (precision == "native") return Precision::kNative;
   if (precision == "fp32") return Precision::kFp32;
-  TORCH_CHECK_VALUE(false, op, ": precision must be \"native\" or \"fp32\", got \"", std::string(precision), "\"");
+  TORCH_CHECK_VALUE(false, op, ": precision must be one of ('native', 'fp32'), got '", std::string(precision), "'");
 }
 
 bool parse_nonfinite_lse(c10::string_view nonfinite_lse, const char* op) {
   if (nonfinite_lse == "empty") return false;
   if (nonfinite_lse == "propagate") return true;
-  TORCH_CHECK_VALUE(false, op, ": nonfinite_lse must be \"empty\" or \"propagate\", got \"", std::string(nonfinite_lse),
-                    "\"");
+  TORCH_CHECK_VALUE(false, op, ": nonfinite_lse must be one of ('empty', 'propagate'), got '",
+                    std::string(nonfinite_lse), "'");
 }
 
 // cu_seqlens_q's checks (its values where it is on the CPU); returns the block table's expected rows: B with
@@ -185,7 +185,7 @@ void validate_correct(const Tensor& out, const Tensor& lses, int64_t rank, doubl
             lse_base);
 }
 
-int64_t exchange_pad(at::ScalarType dtype) { return 16 / static_cast<int64_t>(c10::elementSize(dtype)); }
+int64_t exchange_pad(at::ScalarType dtype) { return kExchangePadBytes / static_cast<int64_t>(c10::elementSize(dtype)); }
 
 void validate_pack_exchange(const Tensor& out, const Tensor& lse, const Tensor& send) {
   constexpr const char* op = "pack_exchange";

@@ -63,9 +63,10 @@ class MLAShard:
 
 
 class Workspace:
-    """Buffers that dcp_attention, gather_heads and merge_across keep between steps: the gathered queries, the exchange's
-    send and receive buffers, and the merged output and LSE. They are keyed by role and made again only when a shape,
-    dtype or device changes (`allocations` counts the buffers made), so a repeated step makes none of them again.
+    """Buffers that dcp_attention, gather_heads and merge_across keep between steps: the gathered queries, the
+    exchange's send and receive buffers, and the merged output and LSE. They are keyed by role and made again only
+    when a shape, dtype or device changes (`allocations` counts the buffers made), so a repeated step makes none of
+    them again.
 
     The decode op still allocates its own outputs each step (the partial out and LSE, and on a GPU the split plan and
     the per-split partials), from torch's allocator: on a GPU its caching allocator, so no cudaMalloc once warm, and a
@@ -217,7 +218,7 @@ def dcp_attention(q: Tensor, shard: Union[GQAShard, MLAShard], group: Optional[d
     a host sync. Without it, ranks that disagree fail inside the backend's collectives (gloo aborts a process).
     """
     ops.check_choice("dcp_attention", "mode", mode, MODES)
-    ops.check_precision("dcp_attention", precision)
+    ops.check_precision("dcp_attention", precision)  # before any collective (the decode op checks it again)
     _check_workspace("dcp_attention", workspace)
     if not isinstance(q, Tensor) or q.dim() != 3:
         raise ValueError(f"dcp_attention: q must be a 3-D tensor [T, H, D], got "
@@ -265,7 +266,7 @@ def merge_across(out: Tensor, lse: Tensor, group: Optional[dist.ProcessGroup] = 
     partials) or "propagate" (they poison the row; dcp_ops.ops).
     """
     ops.check_choice("merge_across", "mode", mode, MODES)
-    ops.check_nonfinite_lse("merge_across", nonfinite_lse)
+    ops.check_choice("merge_across", "nonfinite_lse", nonfinite_lse, ops.NONFINITE_LSE)  # before any collective
     _check_workspace("merge_across", workspace)
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     ws = workspace if workspace is not None else Workspace()

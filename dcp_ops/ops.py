@@ -26,6 +26,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import _C
 from ._deprecated import keyword_only
 
 _ops = torch.ops.dcp_ops
@@ -42,6 +43,14 @@ def check_choice(op: str, name: str, value, choices: Tuple[str, ...]) -> str:
 
 def check_precision(op: str, precision: str) -> str:
     return check_choice(op, "precision", precision, PRECISIONS)
+
+
+def _str(op: str, name: str, x) -> str:
+    """x, refused by name unless it is a str. The ops' string options (precision, nonfinite_lse) are checked for their
+    value once, by the native op, which every caller reaches (csrc/validate.cpp, the same message as check_choice)."""
+    if not isinstance(x, str):
+        raise TypeError(f"{op}: {name} must be a str, got {type(x).__name__} {x!r}")
+    return x
 
 
 def _real(op: str, name: str, x) -> float:
@@ -67,10 +76,6 @@ def _tensor(op: str, name: str, x, dims: int, shape: str) -> Tensor:
     return x
 
 
-def check_nonfinite_lse(op: str, nonfinite_lse: str) -> str:
-    return check_choice(op, "nonfinite_lse", nonfinite_lse, NONFINITE_LSE)
-
-
 def gqa_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
                        scale: float, *, precision: str = "native", cu_seqlens_q: Optional[Tensor] = None,
                        k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
@@ -90,7 +95,7 @@ def gqa_decode_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table:
     """
     return _ops.gqa_decode_partial(q, k_cache, v_cache, block_table, seq_lens,
                                    _real("gqa_decode_partial", "scale", scale),
-                                   precision=check_precision("gqa_decode_partial", precision),
+                                   precision=_str("gqa_decode_partial", "precision", precision),
                                    cu_seqlens_q=cu_seqlens_q, k_scale=k_scale, v_scale=v_scale)
 
 
@@ -114,7 +119,7 @@ def mla_decode_partial(q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor, block_tab
     """
     return _ops.mla_decode_partial(q_nope, q_pe, kv_cache, block_table, seq_lens,
                                    _real("mla_decode_partial", "scale", scale), w_uk, w_uv,
-                                   precision=check_precision("mla_decode_partial", precision),
+                                   precision=_str("mla_decode_partial", "precision", precision),
                                    cu_seqlens_q=cu_seqlens_q, kv_scale=kv_scale)
 
 
@@ -128,7 +133,7 @@ def merge_partials(outs: Tensor, lses: Tensor, *, lse_base: float = math.e,
     nonfinite_lse: "empty" or "propagate" (the module docstring).
     """
     return _ops.merge_partials(outs, lses, _real("merge_partials", "lse_base", lse_base),
-                               check_nonfinite_lse("merge_partials", nonfinite_lse))
+                               _str("merge_partials", "nonfinite_lse", nonfinite_lse))
 
 
 @keyword_only
@@ -141,12 +146,12 @@ def correct_partial(out: Tensor, lses: Tensor, rank: int, *, lse_base: float = m
     """
     return _ops.correct_partial(out, lses, check_int("correct_partial", "rank", rank),
                                 _real("correct_partial", "lse_base", lse_base),
-                                check_nonfinite_lse("correct_partial", nonfinite_lse))
+                                _str("correct_partial", "nonfinite_lse", nonfinite_lse))
 
 
 def exchange_pad(dtype: torch.dtype) -> int:
-    """Elements after D in one packed a2a row: 16 bytes, the fp32 LSE in the first 4."""
-    return 16 // torch.empty((), dtype=dtype).element_size()
+    """Elements after D in one packed a2a row: the native ops' pad (16 bytes), the fp32 LSE in the first 4."""
+    return _C.exchange_pad_bytes // torch.empty((), dtype=dtype).element_size()
 
 
 @keyword_only
@@ -176,7 +181,7 @@ def merge_exchange(recv: Tensor, *, out: Optional[Tensor] = None, lse: Optional[
     fp32 accumulation; out in recv's dtype, lse fp32 natural. `out` and `lse` may be preallocated. nonfinite_lse:
     "empty" or "propagate" (the module docstring).
     """
-    check_nonfinite_lse("merge_exchange", nonfinite_lse)
+    _str("merge_exchange", "nonfinite_lse", nonfinite_lse)
     N, T, Hl, row = _tensor("merge_exchange", "recv", recv, 4, "[N, T, H_loc, D + pad]").shape
     if out is None:
         if not recv.is_floating_point() or row <= exchange_pad(recv.dtype):

@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SITES = [
     r"\b__syncthreads\s*\(\s*\)",
     r"\b__syncwarp\s*\((?:[^()]|\([^()]*\))*\)",
-    r"\b(?:cp_async_wait\w*|warpgroup_wait|wgmma_wait\w*)\s*(?:<[^<>;{}]*>)?\s*\(\s*\)",
+    r"\b(?:cp_async_wait\w*|warpgroup_wait|wgmma_wait\w*)\s*(?:<[^<>;{}]*>)?\s*\((?:[^()]|\([^()]*\))*\)",
     r"\b(?:__pipeline_wait_prior|named_barrier_sync|bar_sync|mbarrier_(?:try_)?wait\w*)\s*\((?:[^()]|\([^()]*\))*\)",
     r'\basm\s*(?:volatile\s*|__volatile__\s*)?\((?:[^()"]|"(?:[^"\\]|\\.)*"|\([^()]*\))*\)',  # kept if ASM_SYNC
 ]

@@ -18,6 +18,14 @@ pytestmark = pytest.mark.simt
 FP8 = torch.float8_e4m3fn
 
 
+@pytest.fixture(autouse=True)
+def mma_sync_device(monkeypatch):
+    """The tiled and split-term kernels' counts: a device that takes them (sm_80, the wgmma pass off), whatever the
+    environment says (a CI rerun under DCP_SIMT_ARCH=90)."""
+    monkeypatch.setenv("DCP_SIMT_ARCH", "80")
+    monkeypatch.setenv("DCP_OPS_MLA_WGMMA", "0")
+
+
 # (latent, rope, shared memory a block may opt in to, the token tile the kernel then takes): an H100's 227 KiB takes
 # 64-token tiles; an A100's 163 KiB takes 32 at 512 + 64, and 100000 bytes takes 32 at 256 + 0
 CONFIGS = [(512, 64, None, 64), (512, 64, 166912, 32), (256, 0, None, 64), (256, 0, 100000, 32)]
@@ -80,3 +88,22 @@ def test_split_term_mla_kernel_cp_async_writes(simt_ops, monkeypatch, cache):
     _run_mla(simt_ops, monkeypatch, 512, 64, None, torch.bfloat16 if cache == "bf16" else FP8, precision="fp32")
     requests, wavefronts, ideal = simt_ops.async_bank_stats(True)
     assert requests > 0 and wavefronts == ideal, (requests, wavefronts, ideal)
+
+
+@pytest.mark.parametrize("latent,rope,optin,tile", CONFIGS, ids=["512-bn64", "512-bn32", "256-bn64", "256-bn32"])
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_wgmma_mla_kernel_shared_writes(simt_ops, monkeypatch, latent, rope, optin, tile, cache):
+    """The wgmma kernel's own shared writes (its operands are read by the tensor cores, not by warp-wide loads): the
+    KV tiles' and the query's cp.async writes, and the P stores."""
+    monkeypatch.setenv("DCP_SIMT_ARCH", "90")
+    monkeypatch.setenv("DCP_OPS_MLA_WGMMA", "1")
+    simt_ops.kernel_log(True)
+    simt_ops.bank_stats(True)
+    simt_ops.async_bank_stats(True)
+    _run_mla(simt_ops, monkeypatch, latent, rope, optin, torch.bfloat16 if cache == "bf16" else FP8)
+    stores, copies = simt_ops.bank_stats(True), simt_ops.async_bank_stats(True)
+    assert any(k.startswith(f"mla_wgmma_kernel<") and k.endswith(f", {tile}, {str(cache == 'fp8').lower()}>")
+               for k in simt_ops.kernel_log(True))
+    assert stores[0] > 0 and copies[0] > 0
+    assert copies[1] == copies[2], f"cp.async: {copies[1]} wavefronts, {copies[1] - copies[2]} over the ideal"
+    assert stores[1] == stores[2], f"P stores: {stores[1]} wavefronts, {stores[1] - stores[2]} over the ideal"

@@ -150,12 +150,17 @@ def test_multi_token_decode_on_tensor_cores(simt_ops, dtype, precision):
 
 @pytest.mark.simt
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("optin,tiled", [(100000, True), (60000, False)], ids=["bn32", "fallback"])
-def test_native_mla_with_less_shared_memory(simt_ops, monkeypatch, dtype, optin, tiled):
+@pytest.mark.parametrize("arch,optin,kernel", [
+    ("80", 100000, "mla_tiled_kernel"), ("80", 60000, "mla_mma_kernel"),
+    ("90", 100000, "mla_wgmma_kernel"), ("90", 60000, "mla_mma_kernel"),
+], ids=["bn32", "fallback", "wgmma-bn32", "wgmma-fallback"])
+def test_native_mla_with_less_shared_memory(simt_ops, monkeypatch, dtype, arch, optin, kernel):
     """Native 16-bit MLA 256 + 64 multi-token where a block may opt in to less shared memory: 100000 bytes take the
-    tiled kernel's 32-token tiles (87552 bytes; 64 need 132864); 60000 bytes hold no tile, so the launcher falls back
-    to the split-term kernel (an fp32 query: more accurate than native asks), which makes no ldmatrix load: the
-    executor's count of warp-wide shared accesses tells the two apart."""
+    tiled kernel's 32-token tiles (87552 bytes; 64 need 132864), or on sm_90 with the wgmma pass switched on its
+    twin's (87424 bytes); 60000 bytes hold no tile, so the launcher falls back to the split-term kernel (an fp32
+    query: more accurate than native asks). The executor's kernel log tells which ran."""
+    monkeypatch.setenv("DCP_SIMT_ARCH", arch)
+    monkeypatch.setenv("DCP_OPS_MLA_WGMMA", "1" if arch == "90" else "0")
     monkeypatch.setenv("DCP_SIMT_SMEM_OPTIN", str(optin))
     gen = torch.Generator().manual_seed(optin % 97)
     lens, n_q = [100, 40], [3, 2]
@@ -164,10 +169,10 @@ def test_native_mla_with_less_shared_memory(simt_ops, monkeypatch, dtype, optin,
     T = len(positions)
     args = (randn(T, 16, 256, dtype=dtype, gen=gen), randn(T, 16, 64, dtype=dtype, gen=gen), kv, table,
             (positions + 1).int(), 320 ** -0.5)
-    simt_ops.bank_stats(True)
+    simt_ops.kernel_log(True)
     out, lse = simt_ops.mla_decode_partial(*args, cu_seqlens_q=cu)
-    requests = simt_ops.bank_stats(True)[0]
-    assert (requests > 0) == tiled, f"{requests} ldmatrix / shared-store requests: not the expected kernel"
+    ran = [k for k in simt_ops.kernel_log(True) if k.startswith("mla_")]
+    assert len(ran) == 1 and ran[0].startswith(kernel + "<"), ran
     assert_decode(out, lse, ref.mla_decode_partial, args, dtype, "native", f"MLA native, optin {optin}",
                   cu_seqlens_q=cu)
 

@@ -1,10 +1,13 @@
 """Static cost of the tensor-core split passes, read from the built library's SASS (no GPU needed).
 
-For each instantiation of gqa_mma_kernel, mla_mma_kernel and mla_tiled_kernel in dcp_ops._C, on one arch: the hot
-loop (the loop with the most HMMA; its static body, which the full-tile path runs once per iteration), its
-instructions, HMMA, other instructions per HMMA, shared loads (LDS / LDSM), barriers, inner loops, the registers and
-local memory (spills) from `cuobjdump -res-usage`, and, with the (KV token x query head) pairs one CTA iteration covers,
-warp instructions and HMMA per token-head next to the minimum ((D_k + D_v) MACs / 2048 per m16n8k16).
+For each instantiation of gqa_mma_kernel, mla_mma_kernel, mla_tiled_kernel and mla_wgmma_kernel in dcp_ops._C, on one
+arch: the hot loop (the loop with the most tensor work; its static body, which the full-tile path runs once per
+iteration), its instructions, tensor-core instructions (HMMA, or HGMMA on sm_90a), other instructions per tensor
+instruction, shared loads (LDS / LDSM), barriers, inner loops, the registers and local memory (spills) from
+`cuobjdump -res-usage`, and, with the (KV token x query head) pairs one CTA iteration covers, warp instructions and
+tensor work per token-head next to the minimum ((D_k + D_v) MACs / 2048 per m16n8k16). Tensor work is counted in
+m16n8k16-equivalents (2048 MACs): an HMMA.16816 is one; an HGMMA.64xNx16, which the 4 warps of a warpgroup issue
+together, is 64 N 16 MACs a warpgroup, N / 2 equivalents.
 docs/design.md §8's static targets are for sm_90a, bf16, precision "native", MLA 512 + 64.
 
     python bench/gpu/sass_budget.py [--lib PATH] [--arch sm_90a] [--json PATH]
@@ -22,7 +25,8 @@ from typing import Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DTYPES = {"13__nv_bfloat16": "bf16", "6__half": "fp16"}
-INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+HGMMA_N = re.compile(r"HGMMA\.64x(\d+)x16")
+INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
 BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
 
 
@@ -55,6 +59,10 @@ def geometry(name: str) -> Optional[dict]:
     if dtype is None:
         return None
     if "mla_tiled_kernel" in name:  # <T, DL, DR, BN, F8>: 8 warps, 64 rows x BN tokens, one 16-bit query term, P once
+        dl, dr, bn = args
+        return dict(op="mla", dtype=dtype, cache="e4m3" if "Lb1E" in name else dtype, dims=f"{dl}+{dr}",
+                    precision="native", warps=8, token_heads=bn * 64, macs=2 * dl + dr)
+    if "mla_wgmma_kernel" in name:  # <T, DL, DR, BN, F8>: 2 warpgroups, 64 rows x BN tokens, as the tiled kernel
         dl, dr, bn = args
         return dict(op="mla", dtype=dtype, cache="e4m3" if "Lb1E" in name else dtype, dims=f"{dl}+{dr}",
                     precision="native", warps=8, token_heads=bn * 64, macs=2 * dl + dr)
@@ -98,11 +106,20 @@ def loops(code: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
     return [(f, l) for f, l in found if not any(a < f <= b < l for a, b in found)]
 
 
+def tensor_work(op: str) -> float:
+    """m16n8k16-equivalents of one warp's tensor-core instruction: an HMMA is one; an HGMMA.64xNx16 is N / 2 for its
+    warpgroup, so N / 8 for each of the 4 warps that issue it."""
+    if op.startswith("HMMA"):
+        return 1.0
+    m = HGMMA_N.match(op)
+    return int(m.group(1)) / 8 if m else 0.0
+
+
 def hot_loop(code) -> Optional[dict]:
     cands = loops(code)
     if not cands:
         return None
-    hmma = lambda a, b: sum(1 for _, op, _ in code[a:b + 1] if op.startswith("HMMA"))  # noqa: E731
+    hmma = lambda a, b: sum(tensor_work(op) for _, op, _ in code[a:b + 1])  # noqa: E731
     nested = lambda f, l: sum(1 for a, b in cands if f <= a and b < l and (a, b) != (f, l))  # noqa: E731
     # the loop with the most tensor work; on a tie the one with fewer loops inside (a kernel's multi-token tail
     # repeats the step's products in a loop over query tokens), then the longer
@@ -110,7 +127,8 @@ def hot_loop(code) -> Optional[dict]:
     body = [op for _, op, _ in code[first:last + 1] if op != "NOP"]
     kinds = Counter(op.split(".")[0] for op in body)
     inner = nested(first, last)
-    return dict(instructions=len(body), hmma=kinds["HMMA"], shared_loads=kinds["LDS"] + kinds["LDSM"],
+    return dict(instructions=len(body), tensor=kinds["HMMA"] + kinds["HGMMA"], work=hmma(first, last),
+                shared_loads=kinds["LDS"] + kinds["LDSM"],
                 barriers=kinds["BAR"], inner_loops=inner)
 
 
@@ -140,13 +158,13 @@ def budget(lib: str, arch: str) -> List[dict]:
         if geo is None or loop is None:
             continue
         regs, local = res.get(name, (-1, -1))
-        per_iter = loop["hmma"] * geo["warps"]
+        per_iter = loop["work"] * geo["warps"]  # m16n8k16-equivalents
         records.append(dict(
             kernel=name, op=geo["op"], dtype=geo["dtype"], cache=geo["cache"], dims=geo["dims"],
             precision=geo["precision"], arch=arch,
-            warps=geo["warps"], token_heads=geo["token_heads"], hmma_per_iteration=per_iter,
-            loop_instructions=loop["instructions"], loop_hmma=loop["hmma"],
-            other_per_hmma=round((loop["instructions"] - loop["hmma"]) / max(loop["hmma"], 1), 2),
+            warps=geo["warps"], token_heads=geo["token_heads"], hmma_per_iteration=round(per_iter, 2),
+            loop_instructions=loop["instructions"], loop_hmma=loop["tensor"],
+            other_per_hmma=round((loop["instructions"] - loop["tensor"]) / max(loop["tensor"], 1), 2),
             shared_loads=loop["shared_loads"], barriers=loop["barriers"], inner_loops=loop["inner_loops"],
             registers=regs, spill_bytes=local,
             warp_instructions_per_token_head=round(loop["instructions"] * geo["warps"] / geo["token_heads"], 3),
@@ -179,8 +197,8 @@ def main(argv=None) -> int:
               f"{r['barriers']:>4} {r['inner_loops']:>5} {r['registers']:>4} {r['spill_bytes']:>5} "
               f"{r['warp_instructions_per_token_head']:>8} {r['hmma_per_token_head']:>8} "
               f"{r['hmma_min_per_token_head']:>6}")
-    print("instr, HMMA, LDS, BAR: one warp's hot-loop body; instr/th and HMMA/th: all warps' per (KV token x query "
-          "head); min: (D_k + D_v) / 2048")
+    print("instr, HMMA (HMMA or HGMMA instructions), LDS, BAR: one warp's hot-loop body; instr/th and HMMA/th: all "
+          "warps' per (KV token x query head), HMMA/th in m16n8k16-equivalents; min: (D_k + D_v) / 2048")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -3,6 +3,8 @@
 // query's type or FP8 ones; else the SIMT kernel), then the merge of the splits. An FP8 cache's scales are read on
 // the device: K's folded into the scores' scale, V's into the merged output. No host synchronisation.
 #include "cuda/launch.h"
+#include "cuda/split_choice.h"
+#include "cuda/split_plan.h"
 #include "kernels/gqa_decode_mma.cuh"
 #include "ops.h"
 
@@ -25,14 +27,15 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
   Tensor out = new_output({d.T, d.Hq, d.Dv}, q.options());
   Tensor lse = new_output({d.T, d.Hq}, q.options().dtype(at::kFloat));
   if (d.T == 0 || d.Hq == 0) return {out, lse};  // an empty grid is a launch error
-  // Query rows per block R for a sequence's rows of one KV head: G heads x its query tokens (the batch's mean).
+  // the query rows of a sequence per KV head: G heads x its query tokens (the batch's mean)
   const int64_t G = d.Hq / d.Hkv, B = std::max<int64_t>(block_table.size(0), 1);
   const int64_t rows = G * (cu_seqlens_q.has_value() ? (d.T + B - 1) / B : 1);
-  const int R = kernels::gqa_rows(rows, kernels::gqa_on_tensor_cores(static_cast<int>(q.element_size()),
-                                                                     static_cast<int>(d.Dk), has_mma_sync()));
+  const SplitPass pass = gqa_split_choice(static_cast<int>(d.Dk), static_cast<int>(q.element_size()), rows,
+                                          current_device());
+  const int R = pass.rows;
   const int64_t seqs = cu_seqlens_q.has_value() ? block_table.size(0) : d.T;
-  const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, seqs, d.max_blocks * d.block_size, 64, G, d.Hkv, R,
-                                     "gqa_decode_partial");
+  const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, seqs, d.max_blocks * d.block_size, pass.granule, G,
+                                     d.Hkv, R, "gqa_decode_partial");
   DCP_CHECK_LAUNCH(plan.err, "gqa_decode_partial");
   auto f32 = q.options().dtype(at::kFloat);
   Tensor part_o = new_output({plan.items, R, d.Dv}, f32);
@@ -46,16 +49,11 @@ std::tuple<Tensor, Tensor> gqa_decode_partial_cuda(const Tensor& q, const Tensor
                        plan.work.data_ptr<int32_t>(), plan.items, R,
                        static_cast<float>(scale * 1.4426950408889634), part_o.data_ptr<float>(),
                        part_lse.data_ptr<float>(), d.fp8 ? k_scale->data_ptr<float>() : nullptr};
-  // the splits' LSE are ours (empty splits are -inf): propagate, so that a NaN one poisons its row
-  const kernels::MergeParams m{part_o.data_ptr(), R * d.Dv, 0, d.Dv,
-                               {part_lse.data_ptr<float>(), R, 0, 1},
-                               out.data_ptr(), d.Hq * d.Dv, d.Dv, lse.data_ptr<float>(), d.Hq, 1,
-                               plan.items, static_cast<int>(d.T), static_cast<int>(d.Hq),
-                               static_cast<int>(d.Dv), 1.f, /*propagate=*/true,
-                               {plan.tok.data_ptr<int32_t>(), plan.unit.data_ptr<int32_t>(), static_cast<int>(G), R},
-                               d.fp8 ? v_scale->data_ptr<float>() : nullptr};
+  const kernels::MergeParams m =
+      split_merge_params(plan, part_o, part_lse, out, lse, G, R, d.fp8 ? v_scale->data_ptr<float>() : nullptr);
   const cudaError_t err = DCP_DISPATCH_FLOAT(q.scalar_type(), "gqa_decode_partial", [&] {
-    cudaError_t e = kernels::gqa_split_pass<scalar_t>(p, current_stream(), has_mma_sync(), native, d.fp8);
+    cudaError_t e = kernels::gqa_split_pass<scalar_t>(p, current_stream(), pass.kernel == SplitKernel::kGqaMma, native,
+                                                      d.fp8);
     return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
   });
   DCP_CHECK_LAUNCH(err, "gqa_decode_partial");

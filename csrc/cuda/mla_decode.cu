@@ -1,15 +1,15 @@
 // CUDA launcher of mla_decode_partial: query staging (w_uk absorption, head_project), the split-KV pass, the merge of
-// the splits, and the optional w_uv up-projection (head_project). The split pass, for 16-bit queries with latent 256
-// or 512 on sm_80 and later:
-//   - precision "native": mla_decode_tiled.cuh on the absorbed query rounded to its type, where the device's shared
-//     memory holds its tiles (sm_80, sm_90, sm_100), on a cache of the query's type or an FP8 one (converted to it in
-//     shared memory); elsewhere (sm_86, sm_89) the "fp32" kernel (16-bit caches), whose results are within the native
-//     bound too;
-//   - precision "fp32": mla_decode_mma.cuh on the fp32 scaled query (on the query's type or FP8 caches);
-// else the SIMT kernel of mla_decode.cuh. An FP8 cache's scale is read on the device: applied to the scores (the
-// fp32-query kernels: to their query) and to the merged output. The splits come from the split plan, made on the device from
-// seq_lens (split_plan.cuh): no host synchronisation.
+// the splits, and the optional w_uv up-projection (head_project). The split pass is cuda/split_choice.h's
+// mla_split_choice (precision "native": mla_decode_tiled.cuh, or its wgmma twin mla_decode_wgmma.cuh on sm_90a, on
+// the absorbed query rounded to its type where the device's shared memory holds their tiles, else mla_decode_mma.cuh,
+// within the native bound too; "fp32":
+// mla_decode_mma.cuh on the fp32 scaled query; else the SIMT kernel of mla_decode.cuh), on a cache of the query's type
+// or an FP8 one (converted in shared memory). An FP8 cache's scale is read on the device: applied to the scores (the
+// fp32-query kernels: to their query) and to the merged output. The splits come from the split plan, made on the
+// device from seq_lens (split_plan.cuh): no host synchronisation.
 #include "cuda/launch.h"
+#include "cuda/split_choice.h"
+#include "cuda/split_plan.h"
 #include "kernels/head_project.cuh"
 #include "kernels/merge.cuh"
 #include "kernels/mla_decode_mma.cuh"
@@ -56,50 +56,42 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
   Tensor out = new_output({d.T, d.Hq, d_out}, q_nope.options());
   Tensor lse = new_output({d.T, d.Hq}, f32);
   if (d.T == 0 || d.Hq == 0) return {out, lse};
-  const bool tiled = native && has_mma_sync();  // where its tiles fit (mla_tiled_tokens), on a 16-bit query
-  const int bn = tiled ? kernels::mla_tiled_tokens(static_cast<int>(latent), static_cast<int>(rope),
-                                                   static_cast<int>(es), kernels::smem_optin_bytes())
-                       : 0;
-  // query rows (query token, head) per block: 64 tiled, 16 on mma.sync, 4 SIMT
-  const bool mma = kernels::mla_on_tensor_cores(static_cast<int>(es), static_cast<int>(latent), has_mma_sync());
-  const int R = bn > 0 ? kernels::kMlaRows : mma ? 16 : kernels::kMlaHeads;
+  const SplitPass pass = mla_split_choice(static_cast<int>(latent), static_cast<int>(rope), static_cast<int>(es),
+                                          native, current_device());
+  const bool q16 = pass.q16;  // the staged query: 16-bit (rounded, unscaled) or fp32 (scaled)
+  const int R = pass.rows;
   const int64_t B = cu_seqlens_q.has_value() ? block_table.size(0) : d.T;
-  const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, B, d.max_blocks * d.block_size, bn > 0 ? bn : 64,
-                                     d.Hq, 1, R, "mla_decode_partial");
+  const SplitPlan plan = plan_splits(seq_lens, cu_seqlens_q, d.T, B, d.max_blocks * d.block_size, pass.granule, d.Hq,
+                                     1, R, "mla_decode_partial");
   DCP_CHECK_LAUNCH(plan.err, "mla_decode_partial");
-  Tensor qs = new_output({d.T, d.Hq, DK}, bn > 0 ? q_nope.options() : f32);  // the staged query
+  Tensor qs = new_output({d.T, d.Hq, DK}, q16 ? q_nope.options() : f32);  // the staged query
   Tensor part_o = new_output({plan.items, R, latent}, f32);
   Tensor part_lse = new_output({plan.items, R}, f32);
   Tensor merged = w_uv.has_value() ? new_output({d.T, d.Hq, latent}, f32) : out;
   const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  const kernels::MlaParams p{bn > 0 ? nullptr : qs.data_ptr<float>(), bn > 0 ? qs.data_ptr() : nullptr,
+  const kernels::MlaParams p{q16 ? nullptr : qs.data_ptr<float>(), q16 ? qs.data_ptr() : nullptr,
                              scale_log2, kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1),
                              block_table.data_ptr<int32_t>(), block_table.stride(0), seq_lens.data_ptr<int32_t>(),
                              static_cast<int>(d.T), static_cast<int>(d.Hq), static_cast<int>(d.num_blocks),
                              static_cast<int>(d.block_size), static_cast<int>(d.max_blocks),
                              plan.work.data_ptr<int32_t>(), plan.items, part_o.data_ptr<float>(),
                              part_lse.data_ptr<float>(), d.fp8 ? kv_scale->data_ptr<float>() : nullptr};
-  // the splits' LSE are ours (empty splits are -inf): propagate, so that a NaN one poisons its row
-  const kernels::MergeParams m{part_o.data_ptr(), R * latent, 0, latent,
-                               {part_lse.data_ptr<float>(), R, 0, 1},
-                               merged.data_ptr(), d.Hq * latent, latent, lse.data_ptr<float>(), d.Hq, 1,
-                               plan.items, static_cast<int>(d.T), static_cast<int>(d.Hq),
-                               static_cast<int>(latent), 1.f, /*propagate=*/true,
-                               {plan.tok.data_ptr<int32_t>(), plan.unit.data_ptr<int32_t>(),
-                                static_cast<int>(d.Hq), R},
-                               d.fp8 ? kv_scale->data_ptr<float>() : nullptr};
+  const kernels::MergeParams m = split_merge_params(plan, part_o, part_lse, merged, lse, d.Hq, R,
+                                                    d.fp8 ? kv_scale->data_ptr<float>() : nullptr);
   const cudaError_t err = DCP_DISPATCH_FLOAT(q_nope.scalar_type(), "mla_decode_partial", [&] {
     cudaError_t e = cudaSuccess;
-    if (bn > 0) {  // the absorbed query rounded once to the cache's type, unscaled (the kernel scales the scores)
+    if (q16) {  // the absorbed query rounded once to the cache's type, unscaled (the kernel scales the scores)
       scalar_t* qp = static_cast<scalar_t*>(qs.data_ptr());
       e = project<scalar_t, scalar_t, scalar_t>(q_nope, w_uk, qp, d.Hq * DK, DK, latent, 1.f);
       if (e == cudaSuccess && rope > 0)
         e = project<scalar_t, scalar_t, scalar_t>(q_pe, std::nullopt, qp + latent, d.Hq * DK, DK, rope, 1.f);
-      if (e == cudaSuccess)
-        e = d.fp8 ? kernels::mla_tiled_pass<scalar_t, true>(p, static_cast<int>(latent), static_cast<int>(rope), bn,
-                                                             current_stream())
-                  : kernels::mla_tiled_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope), bn,
-                                                      current_stream());
+      const int L = static_cast<int>(latent), Rp = static_cast<int>(rope), bn = pass.tokens;
+      if (e == cudaSuccess && pass.kernel == SplitKernel::kMlaWgmma)
+        e = d.fp8 ? kernels::mla_wgmma_pass<scalar_t, true>(p, L, Rp, bn, current_stream())
+                  : kernels::mla_wgmma_pass<scalar_t>(p, L, Rp, bn, current_stream());
+      else if (e == cudaSuccess)
+        e = d.fp8 ? kernels::mla_tiled_pass<scalar_t, true>(p, L, Rp, bn, current_stream())
+                  : kernels::mla_tiled_pass<scalar_t>(p, L, Rp, bn, current_stream());
     } else {  // the fp32 query, scaled
       float* qp = qs.data_ptr<float>();
       e = project<scalar_t, scalar_t, float>(q_nope, w_uk, qp, d.Hq * DK, DK, latent, scale_log2);
@@ -107,7 +99,7 @@ std::tuple<Tensor, Tensor> mla_decode_partial_cuda(const Tensor& q_nope, const T
         e = project<scalar_t, scalar_t, float>(q_pe, std::nullopt, qp + latent, d.Hq * DK, DK, rope, scale_log2);
       if (e == cudaSuccess)
         e = kernels::mla_split_pass<scalar_t>(p, static_cast<int>(latent), static_cast<int>(rope), current_stream(),
-                                              has_mma_sync(), d.fp8);
+                                              pass.kernel == SplitKernel::kMlaSplitTerm, d.fp8);
     }
     if (!w_uv.has_value()) return e != cudaSuccess ? e : kernels::merge<float, scalar_t>(m, current_stream());
     if (e == cudaSuccess) e = kernels::merge<float, float>(m, current_stream());

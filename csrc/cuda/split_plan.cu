@@ -2,13 +2,14 @@
 #include <climits>
 
 #include "cuda/launch.h"
+#include "cuda/split_plan.h"
 #include "kernels/split_plan.cuh"
 
 namespace dcp_ops {
 
 SplitPlan plan_splits(const at::Tensor& seq_lens, const std::optional<at::Tensor>& cu_seqlens_q, int64_t T, int64_t B,
                       int64_t capacity, int granule, int64_t G, int64_t Hkv, int R, const char* op) {
-  const int64_t ctas = sm_count();
+  const int64_t ctas = current_device().sms;
   // units: Hkv * sum_b ceil(n_b G / R) <= Hkv * (T G + B (R - 1)) / R, and Hkv * T * ceil(G / R) with one token each
   const int64_t units = cu_seqlens_q.has_value() ? Hkv * ((T * G + B * (R - 1)) / R) : Hkv * T * ((G + R - 1) / R);
   TORCH_CHECK(units + ctas <= INT_MAX / kernels::kWorkInts && T * G <= INT_MAX, op,

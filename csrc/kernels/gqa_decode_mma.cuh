@@ -257,8 +257,8 @@ cudaError_t gqa_mma_dispatch(const GqaParams& p, cudaStream_t stream) {
   return wide ? gqa_mma_launch<T, 128, 16, PT, F8>(p, stream) : gqa_mma_launch<T, 128, 8, PT, F8>(p, stream);
 }
 
-// Whether gqa_split_pass runs the tensor-core kernel: 16-bit queries (on caches of their type or fp8 ones), head
-// dims 64 and 128, a device with mma.sync.
+// Whether the tensor-core kernel can run (cuda/split_choice.h decides): 16-bit queries (on caches of their type or fp8
+// ones), head dims 64 and 128, a device with mma.sync.
 inline bool gqa_on_tensor_cores(int q_elem_size, int D, bool tensor_cores) {
   return tensor_cores && q_elem_size == 2 && (D == 64 || D == 128);
 }
@@ -270,12 +270,12 @@ inline int gqa_rows(int64_t rows, bool on_tensor_cores) {
   return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
 }
 
-// The split pass of gqa_decode_partial for a query of type T on a cache of T or (fp8) float8_e4m3fn: on tensor cores
-// where gqa_on_tensor_cores says so, else the SIMT kernel of gqa_decode.cuh.
+// The split pass of gqa_decode_partial for a query of type T on a cache of T or (fp8) float8_e4m3fn: the tensor-core
+// kernel (on_tensor_cores: cuda/split_choice.h chose it), else the SIMT kernel of gqa_decode.cuh.
 template <typename T>
-cudaError_t gqa_split_pass(const GqaParams& p, cudaStream_t stream, bool tensor_cores, bool native, bool fp8) {
+cudaError_t gqa_split_pass(const GqaParams& p, cudaStream_t stream, bool on_tensor_cores, bool native, bool fp8) {
   if constexpr (sizeof(T) == 2) {
-    if (gqa_on_tensor_cores(sizeof(T), p.D, tensor_cores)) {
+    if (on_tensor_cores) {
       if (fp8) return native ? gqa_mma_dispatch<T, 1, true>(p, stream) : gqa_mma_dispatch<T, 2, true>(p, stream);
       return native ? gqa_mma_dispatch<T, 1, false>(p, stream) : gqa_mma_dispatch<T, 2, false>(p, stream);
     }

@@ -287,8 +287,10 @@ cudaError_t mla_mma_launch(const MlaParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Whether mla_split_pass runs the tensor-core kernel (16 query rows a block): 16-bit queries (on caches of their type
-// or fp8 ones), latent 256 or 512, a device with mma.sync.
+constexpr int kMlaMmaRows = 16;  // query rows per block of mla_mma_kernel (the m of its mma.sync products)
+
+// Whether the tensor-core kernel can run (cuda/split_choice.h decides): 16-bit queries (on caches of their type or fp8
+// ones), latent 256 or 512, a device with mma.sync.
 inline bool mla_on_tensor_cores(int q_elem_size, int latent, bool tensor_cores) {
   return tensor_cores && q_elem_size == 2 && (latent == 256 || latent == 512);
 }
@@ -301,12 +303,13 @@ cudaError_t mla_mma_dispatch(const MlaParams& p, int latent, int rope, cudaStrea
 }
 
 // The split pass of mla_decode_partial on the fp32 scaled query, for a query of type T on a cache of T or (fp8)
-// float8_e4m3fn: on tensor cores where mla_on_tensor_cores says so, else the SIMT kernel of mla_decode.cuh.
+// float8_e4m3fn: the tensor-core kernel (on_tensor_cores: cuda/split_choice.h chose it), else the SIMT kernel of
+// mla_decode.cuh.
 template <typename T>
-cudaError_t mla_split_pass(const MlaParams& p, int latent, int rope, cudaStream_t stream, bool tensor_cores,
+cudaError_t mla_split_pass(const MlaParams& p, int latent, int rope, cudaStream_t stream, bool on_tensor_cores,
                            bool fp8) {
   if constexpr (sizeof(T) == 2) {
-    if (mla_on_tensor_cores(sizeof(T), latent, tensor_cores))
+    if (on_tensor_cores)
       return fp8 ? mla_mma_dispatch<T, true>(p, latent, rope, stream)
                  : mla_mma_dispatch<T, false>(p, latent, rope, stream);
   }

@@ -36,11 +36,10 @@ namespace dcp_ops::kernels {
 constexpr int kMlaRows = 64, kMlaTiledWarps = 8;
 
 // Q, two KV stages (F8: one, and two raw e4m3 stages of half the bytes: the same size), P; then row maxima / sums
-// [2][64], rescales, valid flags.
-template <int DK, int BN, typename T>
-constexpr int mla_tiled_smem_bytes() {
-  return (kMlaRows * DK + 2 * BN * DK + kMlaRows * BN) * static_cast<int>(sizeof(T)) +
-         (2 * kMlaRows + 2 * kMlaRows + kMlaRows + 2 * BN) * 4;
+// [2][64], rescales [64], valid flags [2][BN]. The one formula of the kernel's shared memory: its launch and
+// mla_tiled_tokens.
+constexpr int mla_tiled_smem_bytes(int dk, int bn, int elem_bytes) {
+  return (kMlaRows * dk + 2 * bn * dk + kMlaRows * bn) * elem_bytes + (5 * kMlaRows + 2 * bn) * 4;
 }
 
 // The swizzle of row r of a tile of CH 16-byte chunks a row: chunk c sits at c ^ swizzle_of<CH>(r). Rows of 8 or more
@@ -379,36 +378,19 @@ __global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaPa
   }
 }
 
-// The shared memory a block of the tiled kernel may use on this device (the opt-in limit); under the executor
-// DCP_SIMT_SMEM_OPTIN, default an H100's, so the tests can ask for the smaller tiles and the fallback. On a GPU a
-// test may lower (never raise) the device's limit with DCP_OPS_TEST_SMEM_OPTIN to run those paths there.
-inline int smem_optin_bytes() {
-#ifdef DCP_SIMT
-  const char* v = std::getenv("DCP_SIMT_SMEM_OPTIN");
-  return v != nullptr ? std::atoi(v) : 232448;
-#else
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
-    return 0;
-  const char* cap = std::getenv("DCP_OPS_TEST_SMEM_OPTIN");
-  return cap != nullptr && std::atoi(cap) > 0 ? std::min(bytes, std::atoi(cap)) : bytes;
-#endif
-}
-
-// The token tile the tiled kernel takes with this much shared memory, or 0 when it does not fit.
+// The token tile the tiled kernel takes with this much shared memory (64, else 32), or 0 when it does not run.
 inline int mla_tiled_tokens(int latent, int rope, int elem_bytes, int smem_optin) {
   if (elem_bytes != 2 || (latent != 256 && latent != 512) || (rope != 0 && rope != 64)) return 0;
-  const int dk = latent + rope;
-  auto bytes = [&](int bn) { return (kMlaRows * dk + 2 * bn * dk + kMlaRows * bn) * 2 + (5 * kMlaRows + 2 * bn) * 4; };
-  return bytes(64) <= smem_optin ? 64 : bytes(32) <= smem_optin ? 32 : 0;
+  for (const int bn : {64, 32})
+    if (mla_tiled_smem_bytes(latent + rope, bn, 2) <= smem_optin) return bn;
+  return 0;
 }
 
 template <typename T, int DL, int DR, int BN, bool F8>
 cudaError_t mla_tiled_launch(const MlaParams& p, cudaStream_t stream) {
   const dim3 grid(p.items);  // one block per work item
   auto kernel = mla_tiled_kernel<T, DL, DR, BN, F8>;
-  constexpr int smem = mla_tiled_smem_bytes<DL + DR, BN, T>();
+  constexpr int smem = mla_tiled_smem_bytes(DL + DR, BN, sizeof(T));
 #ifndef DCP_SIMT
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;

@@ -24,6 +24,8 @@
 // for the kernel, so a read before any write sees the previous block's (or launch's) values, never zeros.
 #pragma once
 
+#include <cxxabi.h>
+#include <dlfcn.h>
 #include <immintrin.h>
 #include <ucontext.h>
 
@@ -295,8 +297,39 @@ inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block
   if (b.error) std::rethrow_exception(b.error);
 }
 
+// The names of the kernels launched, in order, each without namespaces, return type and parameters
+// ("mla_tiled_kernel<...>"), from its symbol: what the tests' kernel_log() and last_kernel() report, so a test can
+// assert which path ran.
+inline std::vector<std::string> g_kernel_log;
+inline std::string kernel_name(const void* fn) {
+  Dl_info info{};
+  if (dladdr(fn, &info) == 0 || info.dli_sname == nullptr || info.dli_saddr != fn) return "?";  // not exported
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> full(abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status),
+                                              std::free);
+  std::string name = status == 0 && full ? full.get() : info.dli_sname;
+  int depth = 0;  // cut the parameter list (the last parenthesis at template depth 0), then the return type and scopes
+  size_t open = std::string::npos;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '<') ++depth;
+    if (name[i] == '>') --depth;
+    if (name[i] == '(' && depth == 0) open = i;
+  }
+  if (open != std::string::npos) name.resize(open);
+  size_t start = 0;
+  depth = 0;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '<') ++depth;
+    if (name[i] == '>') --depth;
+    if (depth == 0 && (name[i] == ' ' || (name[i] == ':' && i + 1 < name.size() && name[i + 1] == ':')))
+      start = name[i] == ' ' ? i + 1 : i + 2;
+  }
+  return name.substr(start);
+}
+
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes, Args&&... args) {
+  g_kernel_log.push_back(kernel_name(reinterpret_cast<const void*>(kernel)));
   g_schedule = schedule_from_env();
   g_dynamic_smem.assign(smem_bytes, 0xff);
   const std::function<void()> body = [&]() { kernel(args...); };

@@ -148,6 +148,32 @@ static std::tuple<Tensor, Tensor, Tensor> split_plan(const Tensor& seq_lens, con
   return {plan.work, plan.unit, plan.tok};
 }
 
+// The split pass a decode launch takes on the executor's device (DCP_SIMT_ARCH, DCP_SIMT_SMEM_OPTIN):
+// cuda/split_choice.h.
+static std::tuple<std::string, int64_t, int64_t, int64_t, int64_t> mla_split_choice(int64_t latent, int64_t rope,
+                                                                                    int64_t elem_bytes, bool native) {
+  const dcp_ops::SplitPass s = dcp_ops::mla_split_choice(static_cast<int>(latent), static_cast<int>(rope),
+                                                         static_cast<int>(elem_bytes), native,
+                                                         dcp_ops::current_device());
+  return {s.name, s.rows, s.granule, s.tokens, s.smem};
+}
+static std::tuple<std::string, int64_t, int64_t> gqa_split_choice(int64_t D, int64_t elem_bytes, int64_t rows) {
+  const dcp_ops::SplitPass s = dcp_ops::gqa_split_choice(static_cast<int>(D), static_cast<int>(elem_bytes), rows,
+                                                         dcp_ops::current_device());
+  return {s.name, s.rows, s.granule};
+}
+
+// The kernels the executor launched since the last reset, in order ("mla_tiled_kernel<__nv_bfloat16, 512, 64, 64,
+// false>", ...), and the last of them.
+static std::vector<std::string> kernel_log(bool reset) {
+  std::vector<std::string> out = dcp_ops::simt::g_kernel_log;
+  if (reset) dcp_ops::simt::g_kernel_log.clear();
+  return out;
+}
+static std::string last_kernel() {
+  return dcp_ops::simt::g_kernel_log.empty() ? "" : dcp_ops::simt::g_kernel_log.back();
+}
+
 TORCH_LIBRARY(dcp_ops_simt, m) {
   using namespace dcp_ops::schema;  // the public ops' schemas, so a test calls each CUDA kernel as the op is called
   m.def(kGqaDecodePartial, &dcp_ops::gqa_decode_partial_cuda);
@@ -159,6 +185,11 @@ TORCH_LIBRARY(dcp_ops_simt, m) {
   m.def(kWriteKv, &dcp_ops::write_kv_cuda);
   m.def("split_plan(Tensor seq_lens, Tensor? cu, int capacity, int granule, int G, int Hkv, int R) -> "
         "(Tensor, Tensor, Tensor)", &split_plan);
+  m.def("mla_split_choice(int latent, int rope, int elem_bytes, bool native) -> (str, int, int, int, int)",
+        &mla_split_choice);
+  m.def("gqa_split_choice(int D, int elem_bytes, int rows) -> (str, int, int)", &gqa_split_choice);
+  m.def("kernel_log(bool reset=True) -> str[]", &kernel_log);
+  m.def("last_kernel() -> str", &last_kernel);
   m.def("warp_reduce(Tensor x) -> (Tensor, Tensor)", &warp_reduce);
   m.def("transpose32(Tensor x) -> Tensor", &transpose32);
   m.def("histogram(Tensor x, int bins) -> Tensor", &histogram);

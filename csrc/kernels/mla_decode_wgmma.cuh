@@ -1,0 +1,526 @@
+// Paged MLA decode attention on Hopper's warpgroup MMA (wgmma, sm_90a): the twin of mla_decode_tiled.cuh (precision
+// "native"; bf16 / fp16 caches or float8_e4m3fn with a 16-bit query; latent 256 or 512, rope 0 or 64), with the same
+// parameters, work items, numerics and outputs: the absorbed query enters the products as one 16-bit term, P is
+// rounded once to T before P.V, scores, softmax statistics, row sums and accumulators are fp32; it writes the
+// normalised fp32 partial and the natural LSE of each split. The split pass, built like FlashMLA's sm90 decode:
+//   - a block (256 threads: two warpgroups) takes a work item's kMlaRows = 64 query rows (the tiled kernel's rows:
+//     (query token, head) pairs in token-major order, each masked at its own length);
+//   - BN-token KV tiles (BN = 64; 32 where shared memory is smaller) are copied by cp.async into two shared stages:
+//     tile k + 1 is in flight while tile k is computed; V is the latent part of the same rows;
+//   - scores: warpgroup h computes S_h = Q K_h^T for all 64 rows over its half of the tile's tokens (m64n(BN/2)k16,
+//     A = Q and B = the key rows from shared memory by descriptor, DK / 16 k-steps, fp32 accumulators);
+//   - softmax: the two warpgroups exchange their row maxima through shared memory and so share m (a thread holds
+//     rows 16 w + g and 16 w + g + 8 of warp w in both products, so it rescales its own output rows);
+//   - P.V: warpgroup h owns output columns [DL / 2 h, DL / 2 (h + 1)) of all 64 rows (m64n(DL/2)k16, DL / 4
+//     accumulators a thread); the k-steps of its own token half take A (P) from its score registers, those of the
+//     other half from shared memory, where each warpgroup writes its half of P; B (V) by an MN-major descriptor on
+//     the same stage. The own half's k-steps are issued before the barrier that makes the other half's P visible.
+// Shared tiles are in wgmma's 128-byte swizzled canonical layout: a tile of R rows x DK 16-bit elements is DK / 64
+// column blocks of [R][128 bytes], 16-byte chunk u of row r at byte r * 128 + 16 * (u ^ (r % 8)) of its block,
+// every block at a multiple of 1024 bytes. As B of S (K-major) a k-step's descriptor starts at its block + 32 bytes
+// per 16 dims, SBO 1024; as B of P.V (MN-major) at the block of its first dim + 1024 bytes per 8 tokens, LBO the
+// next 64 dims (R * 128 bytes), SBO 1024. P is [64][BN] 16-bit: one 128-byte block (BN 64), or 64-byte rows in the
+// 64-byte swizzle (BN 32: chunk u of row r at r * 64 + 16 * (u ^ ((r / 2) % 4)), SBO 512).
+// Masking as the tiled kernel: tokens not read (past the split, past seq_len, in blocks outside the cache; zeros),
+// and a row's tokens past its own length, get P = 0. A P of 0 does not keep a NaN or inf in a masked token's V out
+// of P.V (0 x NaN is NaN), so on ragged tiles (split_kv.cuh's ragged_from over the block's rows: multi-token decode,
+// rows disagreeing on the tile's tokens) the non-finite V elements of the tokens some row masks are first added by
+// hand, P[r][j] V[j][d], to the rows that attend them, then zeroed in shared memory before the P.V (ragged_fixup).
+// An FP8 cache (F8): raw e4m3 rows come by cp.async into two raw stages, and each tile, once in, is converted exactly
+// to T into one 16-bit stage in the layout above (one more barrier a tile); the cache's scale multiplies scale_log2.
+// Shared memory written by the threads' own stores (P, converted tiles, cleaned V) and by cp.async is made visible to
+// the wgmmas by fence_proxy_async before the barrier that precedes them.
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/cp_async.cuh"
+#include "kernels/mla_decode.cuh"
+#include "kernels/mla_decode_tiled.cuh"
+#include "kernels/mma.cuh"
+#include "kernels/wgmma.cuh"
+
+namespace dcp_ops::kernels {
+
+constexpr int kMlaWgmmaThreads = 256;  // two warpgroups
+
+// Q, the KV stages (F8: one 16-bit stage, and two raw e4m3 stages of BN x DK bytes: the same size), P; then row
+// maxima and sums [2][64], valid flags [2][BN], the ragged tile's non-finite-V token flags [BN]. The 16-bit regions
+// come first, so that each of their column blocks starts at a multiple of 1024 bytes. One formula for the launcher
+// (constexpr) and for mla_wgmma_tokens (runtime).
+constexpr int mla_wgmma_smem_bytes(int dk, int bn, int elem_bytes, bool f8) {
+  return (kMlaRows * dk + (f8 ? 1 : 2) * bn * dk + kMlaRows * bn) * elem_bytes + (f8 ? 2 * bn * dk : 0) +
+         (4 * kMlaRows + 3 * bn) * 4;
+}
+template <int DK, int BN, typename T, bool F8>
+constexpr int mla_wgmma_smem_bytes() {
+  return mla_wgmma_smem_bytes(DK, BN, static_cast<int>(sizeof(T)), F8);
+}
+
+// Element offset of 16-byte chunk c (dims 8c .. 8c + 7) of row r in a tile of R rows of 16-bit elements stored as
+// 64-dim column blocks of [R][128 bytes], 128-byte swizzled (the layout in the header comment).
+template <int R>
+__device__ __forceinline__ int block_swizzled(int r, int c) {
+  return (c / 8) * R * 64 + r * 64 + 8 * ((c % 8) ^ (r % 8));
+}
+
+// A descriptor moved on by `bytes` (a multiple of 16): the start address field is the low 14 bits, in 16-byte units;
+// shared addresses stay below 256 KiB, so it does not carry out of its field.
+__device__ __forceinline__ uint64_t desc_plus(uint64_t desc, int bytes) {
+  return desc + static_cast<uint64_t>(bytes >> 4);
+}
+
+// Whether a 16-bit float's bits are inf or NaN (all exponent bits set).
+template <typename T>
+__device__ __forceinline__ bool nonfinite_bits(unsigned bits) {
+  constexpr unsigned kExp = std::is_same_v<T, __half> ? 0x7C00u : 0x7F80u;
+  return (bits & kExp) == kExp;
+}
+
+// One block's state and steps. A thread of warpgroup wg, warp w of it, lane 4 g + t, holds rows 16 w + g (+ 8) of
+// both products: score columns (tokens of its half) 8 j + 2 t (+ 1), output columns DL / 2 wg + 8 j + 2 t (+ 1).
+template <typename T, int DL, int DR, int BN, bool F8>
+struct MlaWgmmaBlock {
+  static constexpr int DK = DL + DR, CH = DK / 8, CH8 = DK / 16;  // chunks of a 16-bit row, of an e4m3 row
+  static constexpr int KST = F8 ? 1 : 2;                            // 16-bit KV stages
+  static constexpr int SN = BN / 2, SACC = SN / 2;                  // score tokens (N) a warpgroup, accumulators
+  static constexpr int ON = DL / 2, OACC = ON / 2;                  // output columns (N) a warpgroup, accumulators
+  static constexpr int HS = SN / 16;                                // P.V k-steps of a token half
+  static constexpr int PCH = BN / 8;                                // 16-byte chunks of a P row
+  static constexpr int TPR = kMlaWgmmaThreads / BN;                 // copying threads per KV row
+  static constexpr int kStageBytes = BN * DK * 2, kKvBlockBytes = BN * 128, kQBlockBytes = kMlaRows * 128;
+  static_assert(DL % 256 == 0 && DR % 64 == 0 && (BN == 32 || BN == 64), "latent 256 / 512, rope 0 / 64");
+  static_assert(sizeof(T) == 2 && CH % TPR == 0, "16-bit T; tile shapes");
+
+  const MlaParams& p;
+  const WorkItem wi;
+  const int item, tid, wg, g, t, row0;  // row0: this thread's first row (16 w + g); the second is row0 + 8
+  const int crow, csub;                 // the tile row this thread copies, its first chunk
+  T *sQ, *sKV, *sP;
+  unsigned char* sRaw;
+  float *sMax, *sSum;
+  int *sValid, *sBad;
+  int len[2];  // this thread's rows' lengths, relative to the split's first token (0 for rows past n)
+
+  __device__ __forceinline__ MlaWgmmaBlock(const MlaParams& params, const WorkItem& w, unsigned char* smem)
+      : p(params), wi(w), item(blockIdx.x), tid(threadIdx.x), wg(threadIdx.x / 128), g(threadIdx.x % 32 / 4),
+        t(threadIdx.x % 4), row0(threadIdx.x % 128 / 32 * 16 + threadIdx.x % 32 / 4), crow(threadIdx.x / TPR),
+        csub(threadIdx.x % TPR) {
+    sQ = reinterpret_cast<T*>(smem);  // [DK / 64][64][64]
+    sKV = sQ + kMlaRows * DK;         // [KST][DK / 64][BN][64]
+    sP = sKV + KST * BN * DK;         // [64][BN]
+    sRaw = reinterpret_cast<unsigned char*>(sP + kMlaRows * BN);  // F8: [2][BN][DK] e4m3, unswizzled
+    sMax = reinterpret_cast<float*>(sRaw + (F8 ? 2 * BN * DK : 0));  // [2][64]: the halves' row maxima; then m
+    sSum = sMax + 2 * kMlaRows;                                      // [2][64]: the halves' row sums, at the end
+    sValid = reinterpret_cast<int*>(sSum + 2 * kMlaRows);            // [2][BN]: whether a stage's token was read
+    sBad = sValid + 2 * BN;                                          // [BN]: a ragged tile's tokens with non-finite V
+    const int cap = capacity();
+    len[0] = row_len(wi, row0, p.H, p.seq_lens, cap) - wi.begin;
+    len[1] = row_len(wi, row0 + 8, p.H, p.seq_lens, cap) - wi.begin;
+  }
+
+  __device__ __forceinline__ int capacity() const { return p.max_blocks * p.block_size; }
+  __device__ __forceinline__ int tiles() const { return wi.end > wi.begin ? (wi.end - wi.begin + BN - 1) / BN : 0; }
+  // a block's row r: its query row and its partial's row
+  __device__ __forceinline__ int64_t qrow(int r) const {
+    return static_cast<int64_t>(wi.token(r, p.H)) * p.H + wi.head(r, p.H);
+  }
+  __device__ __forceinline__ int64_t orow(int r) const { return static_cast<int64_t>(item) * kMlaRows + r; }
+
+  // Token j's element offset in the cache, or -1 when it is not read.
+  __device__ __forceinline__ int64_t row_of(int j) const {
+    if (j >= wi.end) return -1;
+    const int64_t block = p.block_table[wi.b * p.bt_st + j / p.block_size];
+    return block >= 0 && block < p.num_blocks
+               ? block * p.kv_sb + static_cast<int64_t>(j % p.block_size) * p.kv_st
+               : -1;
+  }
+
+  // The query rows (rows past n are zeros), by cp.async into the swizzled Q tile: 8 consecutive threads take the 8
+  // chunks of one 128-byte row segment, on distinct banks.
+  __device__ __forceinline__ void load_query() const {
+    const T* q16 = static_cast<const T*>(p.q16);
+    for (int i = tid; i < kMlaRows * CH; i += kMlaWgmmaThreads) {
+      const int r = i / CH, c = i % CH;
+      cp_async16(sQ + block_swizzled<kMlaRows>(r, c), q16 + (r < wi.n ? qrow(r) * DK + 8 * c : 0), r < wi.n);
+    }
+  }
+
+  // This thread's part of the copy of a tile into `stage` (16-bit: its row crow's chunks csub, csub + TPR, ...; F8:
+  // the raw row). off: its row's offset (row_of). With 4 threads a row, the 8 lanes of a copy's phase write 4 chunks
+  // of two rows: the odd row takes its chunk groups in the other order (step i ^ 1), so that the two rows fill both
+  // halves of the 128 bytes of banks (chunk groups 0-3 and 4-7 of a block, XORed with rows r, r + 1, r even).
+  __device__ __forceinline__ void load_tile(int stage, int64_t off) const {
+    constexpr bool kPairSteps = TPR == 4;
+    if constexpr (F8) {  // (off counts elements, which are bytes here)
+      unsigned char* dst = sRaw + (stage * BN + crow) * DK;
+      const unsigned char* src = static_cast<const unsigned char*>(p.kv);
+      constexpr int kSteps = (CH8 + TPR - 1) / TPR;
+      constexpr bool kSwap = kPairSteps && DK % 128 == 0 && kSteps % 2 == 0 && CH8 % TPR == 0;
+#pragma unroll
+      for (int i = 0; i < kSteps; ++i) {
+        const int c = csub + TPR * (kSwap ? i ^ (crow & 1) : i);
+        if (CH8 % TPR == 0 || c < CH8) cp_async16(dst + 16 * c, src + (off >= 0 ? off + 16 * c : 0), off >= 0);
+      }
+    } else {
+      const T* kv = static_cast<const T*>(p.kv);
+      T* dst = sKV + stage * BN * DK;
+      static_assert(!kPairSteps || CH / TPR % 2 == 0, "pairs of copy steps");
+#pragma unroll
+      for (int i = 0; i < CH / TPR; ++i) {
+        const int c = csub + TPR * (kPairSteps ? i ^ (crow & 1) : i);
+        cp_async16(dst + block_swizzled<BN>(crow, c), kv + (off >= 0 ? off + 8 * c : 0), off >= 0);
+      }
+    }
+    if (csub == 0) sValid[stage * BN + crow] = off >= 0;
+  }
+
+  // F8: raw stage `stage` (a tile in) converted exactly to T into the 16-bit stage: e4m3 chunk c of a row (dims
+  // 16c .. 16c + 15) becomes 16-bit chunks 2c and 2c + 1.
+  __device__ __forceinline__ void convert(int stage) const {
+    const unsigned char* raw = sRaw + stage * BN * DK;
+#pragma unroll
+    for (int u = 0; u < (BN * CH8 + kMlaWgmmaThreads - 1) / kMlaWgmmaThreads; ++u) {
+      const int i = tid + kMlaWgmmaThreads * u, r = i / CH8, c = i % CH8;
+      if (BN * CH8 % kMlaWgmmaThreads != 0 && i >= BN * CH8) break;
+      const Pack<unsigned short, 8> x = *reinterpret_cast<const Pack<unsigned short, 8>*>(raw + r * DK + 16 * c);
+      Pairs4 lo, hi;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        lo.v[e] = e4m3x2_to<T>(x.v[e]);
+        hi.v[e] = e4m3x2_to<T>(x.v[4 + e]);
+      }
+      *reinterpret_cast<Pairs4*>(sKV + block_swizzled<BN>(r, 2 * c)) = lo;
+      *reinterpret_cast<Pairs4*>(sKV + block_swizzled<BN>(r, 2 * c + 1)) = hi;
+    }
+  }
+
+  // S = Q K^T over this warpgroup's token half of the stage at byte offset kv_bytes from sKV: DK / 16 k-steps,
+  // A = Q (K-major, 128-byte swizzle), B = the key rows (K-major), done at the wait.
+  __device__ __forceinline__ void scores(int kv_bytes, float (&s)[SACC]) const {
+    const uint64_t qd = make_smem_desc(sQ, kSwizzle128B, 16, 1024);
+    const uint64_t kd = desc_plus(make_smem_desc(sKV, kSwizzle128B, 16, 1024), kv_bytes + SN * wg * 128);
+    wgmma_fence(s);
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ++ks)
+      wgmma_m64nNk16<SN, T, false>(s, desc_plus(qd, ks / 4 * kQBlockBytes + 32 * (ks % 4)),
+                                   desc_plus(kd, ks / 4 * kKvBlockBytes + 32 * (ks % 4)), ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>(s);
+  }
+
+  // The online softmax of tile k (stage `stage`) on this thread's scores s: masks (not read, or past the row's own
+  // length: -inf), scales, exchanges the halves' row maxima through sMax (one barrier), and leaves in s the
+  // unrounded P, in pa the A fragments of its half's k-steps (P rounded to T), in sP its half of P, in alpha the
+  // rescale of its rows. m and l: its rows' max (log2 units) and sum of its half's P.
+  __device__ __forceinline__ void softmax(int k, int stage, float scale_log2, float (&s)[SACC], float (&m)[2],
+                                          float (&l)[2], uint32_t (&pa)[HS][4], float (&alpha)[2]) const {
+    const int* valid = sValid + stage * BN + SN * wg;
+    const int lim[2] = {len[0] - k * BN - SN * wg, len[1] - k * BN - SN * wg};  // attended tokens of the half
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < SN / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tok = 8 * j + 2 * t + (i & 1);
+        s[4 * j + i] = valid[tok] && tok < lim[i / 2] ? s[4 * j + i] * scale_log2 : -INFINITY;
+        mx[i / 2] = fmaxf(mx[i / 2], s[4 * j + i]);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      if (t == 0) sMax[wg * kMlaRows + row0 + 8 * r] = mx[r];
+    }
+    __syncthreads();  // both halves' maxima are in
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + 8 * r;
+      const float m_new = fmaxf(m[r], fmaxf(sMax[row], sMax[kMlaRows + row]));
+      const float mu = m_new == -INFINITY ? 0.f : m_new;  // no token yet: every P is 0, nothing to rescale
+      alpha[r] = exp2f(m[r] - mu);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < SN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          s[4 * j + 2 * r + e] = exp2f(s[4 * j + 2 * r + e] - mu);
+          sum += s[4 * j + 2 * r + e];
+        }
+      l[r] = l[r] * alpha[r] + sum;
+      m[r] = m_new;
+    }
+    // P rounded to T: register j / 2 of the k-step's A fragment (a[0], a[1]: tokens 2t, 2t + 1 of rows g, g + 8;
+    // a[2], a[3]: tokens 2t + 8, 2t + 9), and its place in sP (row, token SN wg + 8 j + 2 t)
+#pragma unroll
+    for (int j = 0; j < SN / 8; ++j) {
+      const uint32_t lo = pack2(from_f32<T>(s[4 * j]), from_f32<T>(s[4 * j + 1]));
+      const uint32_t hi = pack2(from_f32<T>(s[4 * j + 2]), from_f32<T>(s[4 * j + 3]));
+      pa[j / 2][2 * (j % 2)] = lo;
+      pa[j / 2][2 * (j % 2) + 1] = hi;
+      st_shared_u32(sP + swizzled<PCH>(row0, SN / 8 * wg + j) + 2 * t, lo);
+      st_shared_u32(sP + swizzled<PCH>(row0 + 8, SN / 8 * wg + j) + 2 * t, hi);
+    }
+  }
+
+  // The output accumulators' rows rescaled (before the P.V's wgmma_fence).
+  __device__ __forceinline__ void rescale(float (&o)[OACC], const float (&alpha)[2]) const {
+#pragma unroll
+    for (int j = 0; j < ON / 8; ++j) {
+      o[4 * j] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+  }
+
+  // V's descriptor for P.V k-step gs (tokens 16 gs ..) of the stage at kv_bytes: MN-major, 128-byte swizzle, from
+  // this warpgroup's first output column; LBO the next 64 columns (a column block), SBO the next 8 tokens.
+  __device__ __forceinline__ uint64_t v_desc(int kv_bytes, int gs) const {
+    return desc_plus(make_smem_desc(sKV, kSwizzle128B, kKvBlockBytes, 1024),
+                     kv_bytes + ON * wg / 64 * kKvBlockBytes + 2 * gs * 1024);
+  }
+
+  // The P.V k-steps of this warpgroup's own token half, A from registers (issued; the caller fences and commits).
+  __device__ __forceinline__ void pv_own(float (&o)[OACC], const uint32_t (&pa)[HS][4], int kv_bytes) const {
+#pragma unroll
+    for (int s = 0; s < HS; ++s) wgmma_m64nNk16<ON, T, true>(o, pa[s], v_desc(kv_bytes, HS * wg + s), 1);
+  }
+
+  // The P.V k-steps of the other token half, A = P from sP (K-major: 128-byte swizzle for BN 64, 64-byte for BN 32).
+  __device__ __forceinline__ void pv_other(float (&o)[OACC], int kv_bytes) const {
+    const uint64_t pd =
+        BN == 64 ? make_smem_desc(sP, kSwizzle128B, 16, 1024) : make_smem_desc(sP, kSwizzle64B, 16, 512);
+#pragma unroll
+    for (int s = 0; s < HS; ++s) {
+      const int gs = HS * (1 - wg) + s;
+      wgmma_m64nNk16<ON, T, true>(o, desc_plus(pd, 32 * gs), v_desc(kv_bytes, gs), 1);
+    }
+  }
+
+  // A ragged tile, step 1: sBad[j] = 1 for the tokens j >= from of the stage at kv whose latent row holds an inf or
+  // NaN (sBad cleared before, a barrier between).
+  __device__ __forceinline__ void flag_nonfinite_v(const T* kv, int from) const {
+    for (int i = from * (DL / 8) + tid; i < BN * (DL / 8); i += kMlaWgmmaThreads) {
+      const int tok = i / (DL / 8), c = i % (DL / 8);
+      const auto x = *reinterpret_cast<const Pack<unsigned short, 8>*>(kv + block_swizzled<BN>(tok, c));
+      bool bad = false;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) bad |= nonfinite_bits<T>(x.v[e]);
+      if (bad) sBad[tok] = 1;
+    }
+  }
+
+  // Step 2: for each flagged token j that this thread's row attends (j below the row's length), P[row][j] V[j][d]
+  // (P as rounded, from sP) added to the row's accumulator at each of this thread's columns d where V[j][d] is not
+  // finite: what the P.V would add there if no row masked j. Block-uniform loop over the flagged tokens (rare).
+  __device__ __forceinline__ void ragged_fixup(float (&o)[OACC], int k, const T* kv, int from) const {
+#pragma unroll 1
+    for (int tok = from; tok < BN; ++tok) {
+      if (!sBad[tok]) continue;
+      const bool att0 = tok < len[0] - k * BN, att1 = tok < len[1] - k * BN;
+      const float p0 = to_f32(sP[swizzled<PCH>(row0, tok / 8) + tok % 8]);
+      const float p1 = to_f32(sP[swizzled<PCH>(row0 + 8, tok / 8) + tok % 8]);
+#pragma unroll
+      for (int j = 0; j < ON / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = ON * wg + 8 * j + 2 * t + e;
+          const float v = to_f32(kv[block_swizzled<BN>(tok, col / 8) + col % 8]);
+          if (isfinite(v)) continue;
+          if (att0) o[4 * j + e] += p0 * v;
+          if (att1) o[4 * j + 2 + e] += p1 * v;
+        }
+    }
+  }
+
+  // Step 3 (after every thread's fix-up): the flagged tokens' non-finite latent elements zeroed in the stage.
+  __device__ __forceinline__ void clean_v(T* kv, int from) const {
+    for (int i = from * (DL / 8) + tid; i < BN * (DL / 8); i += kMlaWgmmaThreads) {
+      const int tok = i / (DL / 8), c = i % (DL / 8);
+      if (!sBad[tok]) continue;
+      Pack<unsigned short, 8>& x = *reinterpret_cast<Pack<unsigned short, 8>*>(kv + block_swizzled<BN>(tok, c));
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (nonfinite_bits<T>(x.v[e])) x.v[e] = 0;
+    }
+  }
+
+  // The P.V of a ragged tile (sP holds both halves, the barrier after it passed): the fix-up of the non-finite V
+  // elements of tokens from `from` on (the first token some row of the block masks, relative to the tile), their
+  // cleaning, then the ordinary product. Finite V is unchanged, so each row gets its masked sum, and a non-finite
+  // value reaches exactly the rows that attend its token.
+  __device__ __forceinline__ void pv_ragged(float (&o)[OACC], uint32_t (&pa)[HS][4], int k, int kv_bytes,
+                                            int from) const {
+    T* kv = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(sKV) + kv_bytes);
+    flag_nonfinite_v(kv, from);
+    __syncthreads();  // the flags are in
+    ragged_fixup(o, k, kv, from);
+    __syncthreads();  // every thread has read the non-finite values
+    clean_v(kv, from);
+    fence_proxy_async();
+    __syncthreads();  // the cleaned tile is in, for the wgmmas
+#pragma unroll
+    for (int s = 0; s < HS; ++s) wgmma_fence_operand(pa[s]);
+    wgmma_fence(o);
+    pv_own(o, pa, kv_bytes);
+    pv_other(o, kv_bytes);
+    wgmma_commit();
+    wgmma_wait<0>(o);
+  }
+
+  // The halves' row sums (the same m in both); then each warpgroup writes its columns of rows below n, normalised,
+  // and threads 0 .. n - 1 the rows' natural LSE.
+  __device__ __forceinline__ void epilogue(const float (&o)[OACC], const float (&m)[2], float (&l)[2]) const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+      if (t == 0) {
+        sSum[wg * kMlaRows + row0 + 8 * r] = l[r];
+        if (wg == 0) sMax[row0 + 8 * r] = m[r];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + 8 * r;
+      if (row >= wi.n) continue;
+      float inv, lse;
+      finish_row(sMax[row], sSum[row] + sSum[kMlaRows + row], inv, lse);
+      float* out = p.part_o + orow(row) * DL + ON * wg + 2 * t;
+#pragma unroll
+      for (int j = 0; j < ON / 8; ++j)
+        *reinterpret_cast<Pack<float, 2>*>(out + 8 * j) =
+            Pack<float, 2>{{o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv}};
+    }
+    if (tid < wi.n) {
+      float inv, lse;
+      finish_row(sMax[tid], sSum[tid] + sSum[kMlaRows + tid], inv, lse);
+      p.part_lse[orow(tid)] = lse;
+    }
+  }
+};
+
+template <typename T, int DL, int DR, int BN, bool F8>
+__global__ void __launch_bounds__(kMlaWgmmaThreads, 1) mla_wgmma_kernel(MlaParams p) {
+#if defined(__CUDA_ARCH__) && !DCP_WGMMA_PTX
+  __trap();  // sm_90a only (cuda/split_choice.h chooses it there only); no code for the other architectures
+#else
+  using Block = MlaWgmmaBlock<T, DL, DR, BN, F8>;
+  const WorkItem wi = work_item(p.work, blockIdx.x);
+  if (wi.b < 0) return;
+#ifdef DCP_SIMT
+  DCP_DYNAMIC_SMEM(unsigned char, smem);
+#else
+  extern __shared__ __align__(1024) unsigned char mla_wgmma_smem[];  // swizzled operands: 1024-byte aligned
+  unsigned char* smem = mla_wgmma_smem;
+#endif
+  const Block blk(p, wi, smem);
+  const int tiles = blk.tiles(), j0 = wi.begin;
+  const float scale_log2 = p.k_scale != nullptr ? p.scale_log2 * *p.k_scale : p.scale_log2;
+
+  blk.load_query();
+  if (tiles > 0) blk.load_tile(0, blk.row_of(j0 + blk.crow));
+  cp_async_commit();
+  int64_t next = blk.row_of(j0 + BN + blk.crow);  // the offset of this thread's row of the tile after the current one
+
+  float o[Block::OACC], s[Block::SACC], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  uint32_t pa[Block::HS][4];
+#pragma unroll
+  for (int i = 0; i < Block::OACC; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < Block::SACC; ++i) s[i] = 0.f;
+
+  // Tiles from ragged_from on (the least row length below the split's end: multi-token decode, always the last tiles
+  // of the item) take the fix-up of non-finite V (pv_ragged). Two loops over one step (tile_step): the plain tiles,
+  // then the ragged ones; the hot loop holds the plain P.V only.
+  int rag = kNotRagged;
+#pragma unroll
+  for (int rg = 0; rg < 4; ++rg) rag = min(rag, ragged_from(wi, 16 * rg, p.H, p.seq_lens, blk.capacity(), wi.end));
+  const int plain_tiles = rag == kNotRagged ? tiles : min(tiles, max(0, (rag - j0) / BN));
+  auto tile_step = [&](const int k, auto ragged) {
+    const int stage = k & 1;
+    cp_async_wait<0>();
+    fence_proxy_async();  // the copies (and, first, the query) visible to the wgmmas
+    __syncthreads();      // tile k is in; both warpgroups are done with tile k - 1 (its stage, P, maxima)
+    if (k + 1 < tiles) {
+      const int64_t after = blk.row_of(j0 + (k + 2) * BN + blk.crow);
+      blk.load_tile(stage ^ 1, next);
+      next = after;
+    }
+    cp_async_commit();
+    if constexpr (F8) {
+      blk.convert(stage);
+      fence_proxy_async();
+      __syncthreads();  // the converted tile is in
+    }
+    const int kv_bytes = F8 ? 0 : stage * Block::kStageBytes;  // this 16-bit stage's byte offset from sKV
+    blk.scores(kv_bytes, s);
+    float alpha[2];
+    blk.softmax(k, stage, scale_log2, s, m, l, pa, alpha);
+    fence_proxy_async();  // this thread's P in sP, for the other warpgroup's wgmmas
+    blk.rescale(o, alpha);
+    if constexpr (!decltype(ragged)::value) {
+#pragma unroll
+      for (int i = 0; i < Block::HS; ++i) wgmma_fence_operand(pa[i]);
+      wgmma_fence(o);
+      blk.pv_own(o, pa, kv_bytes);
+      __syncthreads();  // the other half's P is in
+      blk.pv_other(o, kv_bytes);
+      wgmma_commit();
+      wgmma_wait<0>(o);
+    } else {
+      if (blk.tid < BN) blk.sBad[blk.tid] = 0;
+      __syncthreads();  // the whole tile's P is in; the flags are clear
+      blk.pv_ragged(o, pa, k, kv_bytes, max(0, rag - (j0 + k * BN)));
+    }
+  };
+  int k = 0;
+  for (; k < plain_tiles; ++k) tile_step(k, std::false_type());
+  for (; k < tiles; ++k) tile_step(k, std::true_type());
+  blk.epilogue(o, m, l);
+#endif
+}
+
+template <typename T, int DL, int DR, int BN, bool F8>
+cudaError_t mla_wgmma_launch(const MlaParams& p, cudaStream_t stream) {
+  auto kernel = mla_wgmma_kernel<T, DL, DR, BN, F8>;
+  constexpr int smem = mla_wgmma_smem_bytes<DL + DR, BN, T, F8>();
+#ifndef DCP_SIMT
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+#endif
+  DCP_LAUNCH(kernel, dim3(p.items), dim3(kMlaWgmmaThreads), smem, stream, p);  // one block per work item
+  return cudaGetLastError();
+}
+
+template <typename T, int BN, bool F8>
+cudaError_t mla_wgmma_dispatch(const MlaParams& p, int latent, int rope, cudaStream_t stream) {
+  if (latent == 512)
+    return rope == 64 ? mla_wgmma_launch<T, 512, 64, BN, F8>(p, stream)
+                      : mla_wgmma_launch<T, 512, 0, BN, F8>(p, stream);
+  return rope == 64 ? mla_wgmma_launch<T, 256, 64, BN, F8>(p, stream)
+                    : mla_wgmma_launch<T, 256, 0, BN, F8>(p, stream);
+}
+
+// The token tile the wgmma kernel takes with this much shared memory (64, else 32; elem_bytes: the query's, 2), or 0
+// when it does not run. An FP8 cache's stages take the same bytes.
+inline int mla_wgmma_tokens(int latent, int rope, int elem_bytes, int smem_optin) {
+  if (elem_bytes != 2 || (latent != 256 && latent != 512) || (rope != 0 && rope != 64)) return 0;
+  for (const int bn : {64, 32})
+    if (mla_wgmma_smem_bytes(latent + rope, bn, 2, false) <= smem_optin) return bn;
+  return 0;
+}
+
+// The wgmma split pass (precision "native", p.q16 set; sm_90a only: elsewhere the wgmmas trap): BN = bn from
+// mla_wgmma_tokens. T: the query's 16-bit type, and the cache's, or the cache is float8_e4m3fn (F8).
+template <typename T, bool F8 = false>
+cudaError_t mla_wgmma_pass(const MlaParams& p, int latent, int rope, int bn, cudaStream_t stream) {
+  if constexpr (sizeof(T) != 2) return cudaErrorInvalidValue;  // 16-bit queries only (mla_wgmma_tokens says 0)
+  else
+    return bn == 64 ? mla_wgmma_dispatch<T, 64, F8>(p, latent, rope, stream)
+                    : mla_wgmma_dispatch<T, 32, F8>(p, latent, rope, stream);
+}
+
+}  // namespace dcp_ops::kernels
