@@ -86,12 +86,17 @@ def test_mla_decode_on_gpu(dtype, absorb, up, heads, rope, precision):
                   dtype, precision, "MLA on the GPU")
 
 
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
 @pytest.mark.parametrize("optin", [None, 166912], ids=["device", "bn32"])
 @pytest.mark.parametrize("cache", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
-def test_mla_multi_token_on_gpu(monkeypatch, cache, optin):
+def test_mla_multi_token_on_gpu(monkeypatch, cache, optin, wgmma):
     """Native MLA 512 + 64 with 2-4 query tokens a sequence (cu_seqlens_q, causal per token), on a bf16 and an fp8
     cache, with the device's shared memory (64-token tiles on an H100) and an A100's (DCP_OPS_TEST_SMEM_OPTIN: the
-    32-token tiles); masked tokens past each query's length hold NaN."""
+    32-token tiles); masked tokens past each query's length hold NaN. On sm_90 also the wgmma kernel
+    (DCP_OPS_MLA_WGMMA=1)."""
+    if wgmma and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel is sm_90a's")
+    monkeypatch.setenv("DCP_OPS_MLA_WGMMA", "1" if wgmma else "0")
     if optin is not None:
         monkeypatch.setenv("DCP_OPS_TEST_SMEM_OPTIN", str(optin))
     gen = torch.Generator().manual_seed(7)

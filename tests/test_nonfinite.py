@@ -49,8 +49,18 @@ def _neg_inf_tokens(tokens):
     return poison
 
 
+def _neg_inf_query_on_positive_keys(q, k, v, slot, lens, d0):
+    """Every key's element d0 made positive and query (1, 2)'s -inf there: each of the row's scores is -inf (an empty
+    row), while tokens a kernel does not read (past the length, zero-filled) must stay out of it (0 x -inf is NaN).
+    Where the query is pre-absorption (narrower than d0) only the keys change."""
+    k[..., d0] = k[..., d0].abs() + 0.5
+    if d0 < q.shape[-1]:
+        q[1, 2, d0] = -INF
+
+
 POISONS = [
     ("NaN in the query", lambda q, k, v, slot, lens, d0: q[0, 1].__setitem__(5, NAN)),
+    ("-inf in the query against positive keys (an empty row)", _neg_inf_query_on_positive_keys),
     ("NaN in an attended key", lambda q, k, v, slot, lens, d0: k[slot(1, 10)].view(-1).__setitem__(3, NAN)),
     ("+inf in the query", lambda q, k, v, slot, lens, d0: q[1, 2].__setitem__(4, INF)),
     ("-inf score of the first token", _neg_inf_tokens(lambda n: [0])),

@@ -224,15 +224,15 @@ def _wgmma_budget(compiled):
 
 def test_sass_budget_of_the_wgmma_mla_kernel(compiled):
     """The sm_90a wgmma kernel (bf16 512 + 64, 64-token tiles): the minimum tensor work (HGMMA counted in
-    m16n8k16-equivalents), no spills, and its instructions held at their 2026-12-07 figure (2.30 warp instructions
+    m16n8k16-equivalents), no spills, and its instructions held at their 2026-12-07 figure (1.164 warp instructions
     per token-head) while the target below is not met."""
     r = _wgmma_budget(compiled)
     assert r["hmma_per_token_head"] <= 1.05 * r["hmma_min_per_token_head"], r
     assert r["spill_bytes"] == 0 and 0 < r["registers"] <= 255, r
-    assert r["warp_instructions_per_token_head"] <= 2.35, r
+    assert r["warp_instructions_per_token_head"] <= 1.2, r
 
 
-@pytest.mark.xfail(strict=True, reason="docs/design.md §8: the wgmma kernel's hot loop is 2.30 warp instructions per "
+@pytest.mark.xfail(strict=True, reason="docs/design.md §8: the wgmma kernel's hot loop is 1.164 warp instructions per "
                                        "token-head (2026-12-07), the target 0.9")
 def test_wgmma_mla_kernel_meets_the_instruction_target(compiled):
     assert _wgmma_budget(compiled)["warp_instructions_per_token_head"] <= 0.9

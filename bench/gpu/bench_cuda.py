@@ -220,6 +220,41 @@ def flashmla_shape_rows(ceil, latent=512, rope=64, bs=64):
     return rows
 
 
+def wgmma_rows(ceil, H=128, latent=512, rope=64, bs=64, L=32768):
+    """On sm_90: the wgmma MLA kernel (DCP_OPS_MLA_WGMMA=1) next to the mma.sync tiled kernel and torch's bmm on the
+    same inputs, DeepSeek-V3's 128 heads at batch 1, 16 and 64 x 32K (docs/design.md §8: batch 16 <= 0.27 ms on an
+    H200, batch 1 >= 0.6 of the memory roofline). Also the two kernels' largest output difference."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        print("wgmma rows not run: not an sm_90 device")
+        return []
+    rows, scale = [], (128 + rope) ** -0.5
+    for B in (1, 16, 64):
+        kv_bytes = B * L * (latent + rope) * 2
+        sets = []
+        for _ in range(enough_sets(kv_bytes)):
+            kv, table = paged_latent_cache(B, L, bs, latent + rope)
+            sets.append((torch.randn(B, H, latent, device="cuda", dtype=torch.bfloat16),
+                         torch.randn(B, H, rope, device="cuda", dtype=torch.bfloat16), kv, table,
+                         torch.full((B,), L, device="cuda", dtype=torch.int32)))
+        flops = 2 * B * H * L * (2 * latent + rope)
+        timed = {}
+        for switch in ("0", "1"):
+            os.environ["DCP_OPS_MLA_WGMMA"] = switch
+            timed[switch] = (cuda_time(lambda *a: dcp_ops.mla_decode_partial(*a, scale), sets),
+                             dcp_ops.mla_decode_partial(*sets[0], scale))
+        os.environ.pop("DCP_OPS_MLA_WGMMA")
+        base = torch_ms(dict(bmm=lambda qn, qp, c, t, s: tb.mla_bmm(qn, qp, c, t, L, scale, None, torch.bfloat16,
+                                                                    None)), sets, timed["0"][1][0])
+        diff = (timed["1"][1][0].float() - timed["0"][1][0].float()).abs().max().item()
+        print(f"wgmma vs mma.sync, batch {B}: largest output difference {diff:.3g}")
+        rows.append(row("mla_decode_partial 128h native mma.sync", torch.bfloat16, B, L, timed["0"][0], kv_bytes,
+                        flops, ceil, base))
+        rows.append(row("mla_decode_partial 128h native wgmma", torch.bfloat16, B, L, timed["1"][0], kv_bytes,
+                        flops, ceil, base))
+        del sets
+    return rows
+
+
 def mtp_row(ceil, H, latent, rope, bs, B=16, L=32768):
     """Multi-token decode (MTP: 2 query tokens per sequence, causal), DeepSeek-V3 shapes, native; no torch baseline."""
     kv_bytes = B * L * (latent + rope) * 2
@@ -301,7 +336,7 @@ def main():
     ceil = dict(copy_GBps=copy_bandwidth(), bf16_TFLOPs=matmul_rate())
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}: copy {ceil['copy_GBps']:.0f} GB/s (read + "
           f"write), bf16 matmul {ceil['bf16_TFLOPs']:.0f} TFLOP/s")
-    rows = gqa_rows(ceil) + mla_rows(ceil) + fp8_rows(ceil) + merge_rows(ceil)
+    rows = gqa_rows(ceil) + mla_rows(ceil) + wgmma_rows(ceil) + fp8_rows(ceil) + merge_rows(ceil)
     hdr = (f"{'op':<44} {'dtype':<8} {'B/T':>4} {'L/N':>6} {'ms':>8} {'GB/s':>6} {'TFLOP/s':>7} {'roof':>5} "
            f"{'bmm':>8} {'sdpa':>8} {'torch':>8} {'flashinf':>8} {'vs best':>7}")
     print(hdr)

@@ -5,8 +5,8 @@
 Each case runs once, synchronises, and checks its result against the float64 reference, so a wrong answer fails
 too; bench/gpu/run.sh runs it under each tool where compute-sanitizer exists. Kept small: racecheck slows a kernel
 by orders of magnitude. Paths: GQA native (mma.sync) and fp32, bf16 and fp8 caches, multi-token; MLA native on the
-tiled kernel with 64- and 32-token tiles (DCP_OPS_TEST_SMEM_OPTIN) and the fallback, fp32 (split-term), fp8; the
-split plan; the merges, pack / exchange; write_kv.
+tiled kernel with 64- and 32-token tiles (DCP_OPS_TEST_SMEM_OPTIN) and the fallback, fp32 (split-term), fp8, and on
+sm_90 the wgmma kernel (DCP_OPS_MLA_WGMMA=1) with both tiles; the split plan; the merges, pack / exchange; write_kv.
 """
 import os
 import sys
@@ -51,7 +51,8 @@ def gqa(cache, precision, multi):
     assert_decode(out.cpu(), lse.cpu(), ref.gqa_decode_partial, args, torch.bfloat16, precision, "gqa", **kw)
 
 
-def mla(cache, precision, optin):
+def mla(cache, precision, optin, wgmma=False):
+    os.environ["DCP_OPS_MLA_WGMMA"] = "1" if wgmma else "0"
     if optin:
         os.environ["DCP_OPS_TEST_SMEM_OPTIN"] = str(optin)
     else:
@@ -92,6 +93,8 @@ def main():
     cases = [(gqa, c, p, m) for c in (torch.bfloat16, FP8) for p in ("native", "fp32") for m in (False, True)]
     cases += [(mla, c, "native", o) for c in (torch.bfloat16, FP8) for o in (None, 166912, 60000)]
     cases += [(mla, c, "fp32", None) for c in (torch.bfloat16, FP8)]
+    if torch.cuda.get_device_capability() == (9, 0):
+        cases += [(mla, c, "native", o, True) for c in (torch.bfloat16, FP8) for o in (None, 166912)]
     for fn, *args in cases:
         fn(*args)
         print(f"{fn.__name__}{tuple(str(a).replace('torch.', '') for a in args)}: ok", flush=True)
