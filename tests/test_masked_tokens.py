@@ -195,8 +195,8 @@ def test_mla_masked_tokens_never_reach_a_row(simt_ops, monkeypatch, H, n, lens, 
     spots = _spots(lens, n, table, block_size)
     scale = 320 ** -0.5
 
-    def call(cache):
-        return simt_ops.mla_decode_partial(q_nope, q_pe, cache, table, seq_lens, scale, precision=precision,
+    def call(cache, q=q_nope):
+        return simt_ops.mla_decode_partial(q, q_pe, cache, table, seq_lens, scale, precision=precision,
                                            cu_seqlens_q=cu, **scales)
 
     what = f"MLA {H} heads x {n} tokens, {_name(cache_dtype)} cache, {precision} (optin {optin})"
@@ -209,3 +209,17 @@ def test_mla_masked_tokens_never_reach_a_row(simt_ops, monkeypatch, H, n, lens, 
         native = ref.mla_decode_partial(*args, cu_seqlens_q=cu, round_to=dtype, **scales) if precision == "native" \
             else None
         _check(call(kvp), clean, want, masking, f"{what}, poisoned {variant}", dtype, native)
+    # A -inf score on an infinite value: +inf in latent dim 4 i + 2 of poisoned token i, where every query is negative,
+    # so the rows that attend the token give it weight 0 and 0 x inf = NaN in that column (the reference's), while the
+    # rows that mask it get nothing of it (a kernel that zeroes masked values must still let these through).
+    dims = [4 * i + 2 for _, i, _ in spots]
+    q_neg = q_nope.clone()
+    q_neg[..., dims] = -(q_neg[..., dims].float().abs() + 0.5).to(q_neg.dtype)
+    kvp = kv.clone()
+    for slot, i, _ in spots:
+        _set(kvp, (*slot, 4 * i + 2), INF)
+    args = (q_neg, q_pe, kvp, table, seq_lens, scale)
+    want = ref.mla_decode_partial(*args, cu_seqlens_q=cu, **scales)
+    native = ref.mla_decode_partial(*args, cu_seqlens_q=cu, round_to=dtype, **scales) if precision == "native" \
+        else None
+    _check(call(kvp, q_neg), call(kv, q_neg), want, masking, f"{what}, a -inf score on +inf", dtype, native)
