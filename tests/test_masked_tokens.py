@@ -166,6 +166,7 @@ MLA_SHAPES = [  # (heads, query tokens per sequence, lengths, block size): laten
     (16, 2, [66, 18], 64),  # tiled: row groups of one token each, the first one's all masking token 65
     (5, 3, [50, 19], 16),  # 15 rows of 3 tokens: one row group (tiled), one 16-row tile (mma.sync)
     (24, 2, [41, 17], 64),  # a token's heads straddle row groups 0 / 1 (tiled), tiles 0 / 1 (mma.sync)
+    (2, 6, [45, 21], 16),  # 5 poisoned tokens: the wgmma kernel's second warpgroup cleans the fifth one's values
 ]
 # (cache, precision, DCP_SIMT_SMEM_OPTIN): native on the tiled kernel with 64-token tiles, and with 32 (too little
 # shared memory for 64 at 256 + 64, as an A100 at 512 + 64; bf16 and fp8); fp32 on the split-term kernel
@@ -176,7 +177,7 @@ MLA_PATHS = [pytest.param(c, p, o, id=f"{_name(c)}-{i}") for c in CACHES
 
 @pytest.mark.simt
 @pytest.mark.parametrize("cache_dtype,precision,optin", MLA_PATHS)
-@pytest.mark.parametrize("H,n,lens,block_size", MLA_SHAPES, ids=["16x2", "5x3", "24x2"])
+@pytest.mark.parametrize("H,n,lens,block_size", MLA_SHAPES, ids=["16x2", "5x3", "24x2", "2x6"])
 def test_mla_masked_tokens_never_reach_a_row(simt_ops, monkeypatch, H, n, lens, block_size, cache_dtype, precision,
                                              optin):
     if optin is not None:
