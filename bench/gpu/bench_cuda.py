@@ -161,6 +161,18 @@ def paged_latent_cache(B, L, bs, width):
     return kv, torch.randperm(B * nblk, device="cuda", dtype=torch.int32).view(B, nblk)
 
 
+def latent_query_sets(B, L, H, latent, rope, bs):
+    """Input sets (q_nope as the latent query, q_pe, a bf16 paged latent cache, its table, seq_lens = L) for
+    mla_decode_partial, as many as enough_sets asks for B x L tokens."""
+    sets = []
+    for _ in range(enough_sets(B * L * (latent + rope) * 2)):
+        kv, table = paged_latent_cache(B, L, bs, latent + rope)
+        sets.append((torch.randn(B, H, latent, device="cuda", dtype=torch.bfloat16),
+                     torch.randn(B, H, rope, device="cuda", dtype=torch.bfloat16), kv, table,
+                     torch.full((B,), L, device="cuda", dtype=torch.int32)))
+    return sets
+
+
 def mla_rows(ceil):
     """DeepSeek-V3 shapes (128 heads, 512 + 64): latent query (the FlashInfer comparison), and w_uk + w_uv fused."""
     rows = []
@@ -204,12 +216,7 @@ def flashmla_shape_rows(ceil, latent=512, rope=64, bs=64):
         for B in (16, 64, 128):
             for L in (4096, 32768):
                 kv_bytes = B * L * (latent + rope) * 2
-                sets = []
-                for _ in range(enough_sets(kv_bytes)):
-                    kv, table = paged_latent_cache(B, L, bs, latent + rope)
-                    sets.append((torch.randn(B, H, latent, device="cuda", dtype=torch.bfloat16),
-                                 torch.randn(B, H, rope, device="cuda", dtype=torch.bfloat16), kv, table,
-                                 torch.full((B,), L, device="cuda", dtype=torch.int32)))
+                sets = latent_query_sets(B, L, H, latent, rope, bs)
                 base = dict(flashinfer=flashinfer_mla_ms(sets, H, latent, rope, bs, scale))
                 flops = 2 * B * H * L * (2 * latent + rope)
                 for precision in ("native", "fp32"):
@@ -230,12 +237,7 @@ def wgmma_rows(ceil, H=128, latent=512, rope=64, bs=64, L=32768):
     rows, scale = [], (128 + rope) ** -0.5
     for B in (1, 16, 64):
         kv_bytes = B * L * (latent + rope) * 2
-        sets = []
-        for _ in range(enough_sets(kv_bytes)):
-            kv, table = paged_latent_cache(B, L, bs, latent + rope)
-            sets.append((torch.randn(B, H, latent, device="cuda", dtype=torch.bfloat16),
-                         torch.randn(B, H, rope, device="cuda", dtype=torch.bfloat16), kv, table,
-                         torch.full((B,), L, device="cuda", dtype=torch.int32)))
+        sets = latent_query_sets(B, L, H, latent, rope, bs)
         flops = 2 * B * H * L * (2 * latent + rope)
         timed = {}
         for switch in ("0", "1"):
