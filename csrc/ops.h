@@ -5,6 +5,7 @@
 #include <c10/util/string_view.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace dcp_ops {
@@ -95,5 +96,16 @@ Tensor correct_partial_cuda(Tensor& out, const Tensor& lses, int64_t rank, doubl
 void pack_exchange_cuda(const Tensor& out, const Tensor& lse, Tensor& send);
 void merge_exchange_cuda(const Tensor& recv, Tensor& out, Tensor& lse, c10::string_view nonfinite_lse);
 void write_kv_cuda(Tensor& cache, const Tensor& new_kv, const Tensor& slot_mapping, const std::optional<Tensor>& scale);
+
+// The split pass a decode op takes on a described device (csrc/cuda/split_choice.cu, by cuda/split_choice.h's one
+// decision), for tools that read the SASS without a GPU (_C.split_choice, bench/gpu/sass_budget.py). op "mla": dims
+// (latent, rope); op "gqa": dims (head dim, 0) and `rows` query rows per KV head. smem_optin 0: the arch's flagship's
+// (device.h's flagship_smem_optin).
+struct SplitPassInfo {
+  std::string kernel;
+  int rows, granule, tokens, smem;
+};
+SplitPassInfo describe_split_pass(const std::string& op, int dim0, int dim1, int q_elem_bytes, bool native,
+                                  int64_t rows, int arch, int smem_optin);
 
 }  // namespace dcp_ops

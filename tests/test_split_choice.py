@@ -73,3 +73,30 @@ def test_the_launch_runs_the_chosen_kernel(simt_ops, monkeypatch, smem, native, 
         assert split[0].endswith(f", {tokens}, false>"), split[0]
     assert simt_ops.last_kernel() == ""  # the log was reset; the merge ran before the reset
     assert_decode(out, lse, ref.mla_decode_partial, args, torch.bfloat16, precision, "MLA " + name)
+
+
+@pytest.mark.parametrize("arch", [80, 90, 100])
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_the_built_library_makes_the_same_choice(simt_ops, monkeypatch, arch, wgmma):
+    """_C.split_choice (the nvcc-built library, for tools that read its SASS: bench/gpu/sass_budget.py) answers as
+    the executor's launchers decide, for a device described by arch and shared memory."""
+    from dcp_ops import _C
+    if not hasattr(_C, "split_choice"):
+        pytest.skip("dcp_ops._C was built without the CUDA sources")
+    monkeypatch.setenv("DCP_OPS_MLA_WGMMA", "1" if wgmma else "0")
+    monkeypatch.setenv("DCP_SIMT_ARCH", str(arch))
+    for smem in (H100, 166912, 99 * 1024):
+        monkeypatch.setenv("DCP_SIMT_SMEM_OPTIN", str(smem))
+        for latent, rope in ((512, 64), (256, 0), (128, 64)):
+            for native in (True, False):
+                for elem in (2, 4):
+                    got = _C.split_choice("mla", latent, rope, elem, native, arch=arch, smem_optin=smem)
+                    assert got == tuple(simt_ops.mla_split_choice(latent, rope, elem, native)), (smem, latent, native)
+        for D, rows in ((128, 8), (64, 12), (256, 8)):
+            got = _C.split_choice("gqa", D, 0, 2, True, rows=rows, arch=arch, smem_optin=smem)
+            assert got[:3] == tuple(simt_ops.gqa_split_choice(D, 2, rows)), (smem, D, rows)
+    # the default shared memory is the arch's flagship's: an A100's takes 32-token tiles at 512 + 64, an H100's 64
+    monkeypatch.setenv("DCP_OPS_MLA_WGMMA", "0")
+    assert _C.split_choice("mla", 512, 64, 2, True, arch=arch)[3] == (32 if arch == 80 else 64)
+    with pytest.raises(ValueError, match="op must be 'mla' or 'gqa', got 'mha'"):
+        _C.split_choice("mha", 128, 0, 2, True, arch=arch)

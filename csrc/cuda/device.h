@@ -24,6 +24,11 @@
 namespace dcp_ops {
 
 constexpr int kH100SmemOptin = 232448;  // cudaDevAttrMaxSharedMemoryPerBlockOptin of sm_90 (227 KiB)
+constexpr int kA100SmemOptin = 166912;  // ... of an A100, sm_80 (163 KiB)
+
+// The shared memory a block may opt in to on each arch's flagship (A100, H100, B200: 227 KiB as on the H100), for a
+// device described without one (describe_split_pass).
+inline int flagship_smem_optin(int arch) { return arch >= 90 ? kH100SmemOptin : kA100SmemOptin; }
 
 // The device a launch goes to, as the split-pass choices (cuda/split_choice.h) read it.
 struct Device {

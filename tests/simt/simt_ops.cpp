@@ -7,6 +7,7 @@
 #include "cuda/gqa_decode.cu"
 #include "cuda/merge.cu"
 #include "cuda/mla_decode.cu"
+#include "cuda/split_choice.cu"
 #include "cuda/split_plan.cu"
 #include "cuda/write_kv.cu"
 #include "schemas.h"
