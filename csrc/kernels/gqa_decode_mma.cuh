@@ -59,10 +59,136 @@ __device__ __forceinline__ Pairs4 load_chunk(const void* base, int64_t at) {
   }
 }
 
+// load_chunk into w where `read`, else zeros (nothing is read).
+template <typename T, bool F8>
+__device__ __forceinline__ void load_chunk_or_zeros(uint32_t (&w)[4], bool read, const void* base, int64_t at) {
+  if (read) {
+    const Pairs4 x = load_chunk<T, F8>(base, at);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = x.v[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = 0u;
+  }
+}
+
+// Query fragments of rows g, g + 8 (the item's rows: query token, head; 0 past wi.n, and rows 8-15 with GT = 8):
+// qa[2i + h] is k-tile 2i + h's A fragment, whose k 2t, 2t+1 | 2t+8, 2t+9 are head dims 8c + 4h + 0, 1 | + 2, 3 of
+// key chunk c = t + 4i: the k order of gqa_load_keys' B fragments.
+template <typename T, int KC, bool ROWS16>
+__device__ __forceinline__ void gqa_load_query(uint32_t (&qa)[2 * KC][4], const GqaParams& p, const WorkItem& wi, int G,
+                                               int g, int t) {
+  const T* q = static_cast<const T*>(p.q);
+  const T* qrow[2] = {q + wi.token(g, G) * p.q_st + wi.head(g, G) * p.q_sh,
+                      q + wi.token(g + 8, G) * p.q_st + wi.head(g + 8, G) * p.q_sh};
+  auto word = [&](int row, int dim) {
+    const T* qr = qrow[row >= 8];
+    return row < wi.n ? pack2(qr[dim], qr[dim + 1]) : 0u;
+  };
+#pragma unroll
+  for (int i = 0; i < KC; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int d = 8 * (t + 4 * i) + 4 * h;
+      qa[2 * i + h][0] = word(g, d);
+      qa[2 * i + h][1] = ROWS16 ? word(g + 8, d) : 0u;
+      qa[2 * i + h][2] = word(g, d + 2);
+      qa[2 * i + h][3] = ROWS16 ? word(g + 8, d + 2) : 0u;
+    }
+}
+
+// Keys of the step from token s: kw[n][i] = chunk t + 4 i (head dims 8 (t + 4 i) .. + 7) of token s + 8 n + g, zeros
+// where that token is not read.
+template <typename T, int KC, bool F8>
+__device__ __forceinline__ void gqa_load_keys(uint32_t (&kw)[2][KC][4], const GqaParams& p, const StepBlocks& sb,
+                                              int seq, int s, int j1, int64_t kh, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    int64_t off;
+    const int64_t block = sb.block_of(p, seq, s + 8 * n + g, j1, 8 * n + g, off);
+#pragma unroll
+    for (int i = 0; i < KC; ++i)
+      load_chunk_or_zeros<T, F8>(kw[n][i], block >= 0, p.k, kh + block * p.k_sb + off * p.k_st + 8 * (t + 4 * i));
+  }
+}
+
+// Values of the step from token s: vw[u][e][h] = chunk g + 8 h (head dims 64 h + 8 g .. + 7) of token s + 8 u + 2 t
+// + e, zeros where that token is not read (valid[u][e] false).
+template <typename T, int VH, bool F8>
+__device__ __forceinline__ void gqa_load_values(uint32_t (&vw)[2][2][VH][4], bool (&valid)[2][2], const GqaParams& p,
+                                                const StepBlocks& sb, int seq, int s, int j1, int64_t vh, int g,
+                                                int t) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      int64_t off;
+      const int d = 8 * u + 2 * t + e;
+      const int64_t block = sb.block_of(p, seq, s + d, j1, d, off);
+      valid[u][e] = block >= 0;
+#pragma unroll
+      for (int h = 0; h < VH; ++h) {
+        const int64_t at = vh + block * p.v_sb + off * p.v_st + 8 * (g + 8 * h);
+        load_chunk_or_zeros<T, F8>(vw[u][e][h], block >= 0, p.v, at);
+      }
+    }
+}
+
+// Scores Q K^T of the step: sc[u] = rows (g, g + 8) x tokens (8u + 2t, + 1), the C fragment of n-tile u.
+template <typename T, int KC>
+__device__ __forceinline__ void gqa_scores(float (&sc)[2][4], const uint32_t (&qa)[2 * KC][4],
+                                           const uint32_t (&kw)[2][KC][4]) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc[u][i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < KC; ++i) {
+      const uint32_t b0[2] = {kw[u][i][0], kw[u][i][1]}, b1[2] = {kw[u][i][2], kw[u][i][3]};
+      mma_16816<T>(sc[u], qa[2 * i], b0);
+      mma_16816<T>(sc[u], qa[2 * i + 1], b1);
+    }
+  }
+}
+
+// The online softmax, once per step from token s: row g + 8 r's scores are sc[u][2r + e] (token s + 8u + 2t + e),
+// masked (-inf) where the token is not read or is past the row's length len[r]; softmax_step rescales acc and writes
+// P's A fragment (ph, and with PT = 2 pl). With GT = 8, rows 8-15 of P are 0.
+template <typename T, int PT, bool ROWS16, int NACC>
+__device__ __forceinline__ void gqa_softmax(uint32_t (&ph)[4], uint32_t (&pl)[4], float (&m)[2], float (&l)[2],
+                                            float (&acc)[NACC][4], const float (&sc)[2][4], const bool (&valid)[2][2],
+                                            const int (&len)[2], int s, int t, float scale_log2) {
+#pragma unroll
+  for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
+    float x[2][2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        x[u][e] = valid[u][e] && s + 8 * u + 2 * t + e < len[r] ? sc[u][2 * r + e] * scale_log2 : -INFINITY;
+    softmax_step<T, PT>(x, r, m[r], l[r], acc, ph, pl);
+  }
+  if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
+}
+
+// P.V of a plain step (every row attends every token read): n-tile (h, j), column g = head dim 64 h + 8 g + j;
+// k = tokens 2t, 2t+1 | 2t+8, 2t+9, paired from the value chunks by byte permutes.
+template <typename T, int PT, int VH>
+__device__ __forceinline__ void gqa_pv(float (&acc)[8 * VH][4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
+                                       const uint32_t (&vw)[2][2][VH][4]) {
+#pragma unroll
+  for (int h = 0; h < VH; ++h)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t b[2] = {pair_rows(vw[0][0][h], vw[0][1][h], j), pair_rows(vw[1][0][h], vw[1][1][h], j)};
+      mma_16816<T>(acc[8 * h + j], ph, b);
+      if constexpr (PT == 2) mma_16816<T>(acc[8 * h + j], pl, b);
+    }
+}
+
 // P.V of a ragged step (split_kv.cuh's ragged_from; its first token s): once per query token of the tile's rows, P
 // (PT terms) times V masked at that token's length, kept in that token's rows only (mma_rows_upto). The operands are
-// the plain path's (vw: the lane's value chunks of tokens 8u + 2t + e). The query tokens are a loop, not unrolled:
-// this runs on the last steps of a multi-token item only.
+// gqa_pv's. The query tokens are a loop, not unrolled: this runs on the last steps of a multi-token item only.
 template <typename T, int PT, int VH>
 __device__ __forceinline__ void gqa_pv_ragged(float (&acc)[8 * VH][4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
                                               const uint32_t (&vw)[2][2][VH][4], const WorkItem& wi, int G,
@@ -81,6 +207,34 @@ __device__ __forceinline__ void gqa_pv_ragged(float (&acc)[8 * VH][4], const uin
   }
 }
 
+// The end of a warp's steps: the row sums of the 4 lanes of a row group, then the warp's state (m, l, and the
+// unnormalised accumulator rows) into slot `warp`. C column 2t + e of n-tile (h, j) is head dim 64 h + 8 (2t + e) + j.
+template <int D, int GT>
+__device__ __forceinline__ void gqa_store_state(const SlotState& st, int warp, int g, int t, const float (&m)[2],
+                                                float (&l)[2], const float (&acc)[D / 8][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < (GT == 16 ? 2 : 1); ++r) {
+    const int row = g + 8 * r;
+    if (t == 0) {
+      st.m[warp * GT + row] = m[r];
+      st.l[warp * GT + row] = l[r];
+    }
+    float* o = st.o + (warp * GT + row) * D;
+#pragma unroll
+    for (int h = 0; h < D / 64; ++h)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        o[64 * h + 16 * t + j] = acc[8 * h + j][2 * r];
+        o[64 * h + 16 * t + 8 + j] = acc[8 * h + j][2 * r + 1];
+      }
+  }
+}
+
 template <typename T, int D, int GT, int PT, bool F8>
 __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams p) {
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
@@ -91,32 +245,13 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
   const int G = p.Hq / p.Hkv, item = blockIdx.x;
   const WorkItem wi = work_item(p.work, item);
   if (wi.b < 0) return;
-  const int seq = wi.b, j0 = wi.begin, j1 = wi.end, kvh = wi.kvh, ng = wi.n;
+  const int seq = wi.b, j0 = wi.begin, j1 = wi.end, kvh = wi.kvh;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   DCP_DYNAMIC_SMEM(float, smem);
   const SlotState st(smem, kGqaMmaWarps, GT);
 
-  // Query fragments: rows g and g + 8 (the item's rows: query token, head), k order of the key chunks (see above).
   uint32_t qa[2 * KC][4];
-  {
-    const T* q = static_cast<const T*>(p.q);
-    const T* qrow[2] = {q + wi.token(g, G) * p.q_st + wi.head(g, G) * p.q_sh,
-                        q + wi.token(g + 8, G) * p.q_st + wi.head(g + 8, G) * p.q_sh};
-    auto word = [&](int row, int dim) {
-      const T* qr = qrow[row >= 8];
-      return row < ng ? pack2(qr[dim], qr[dim + 1]) : 0u;
-    };
-#pragma unroll
-    for (int i = 0; i < KC; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int d = 8 * (t + 4 * i) + 4 * h;
-        qa[2 * i + h][0] = word(g, d);
-        qa[2 * i + h][1] = ROWS16 ? word(g + 8, d) : 0u;
-        qa[2 * i + h][2] = word(g, d + 2);
-        qa[2 * i + h][3] = ROWS16 ? word(g + 8, d + 2) : 0u;
-      }
-  }
+  gqa_load_query<T, KC, ROWS16>(qa, p, wi, G, g, t);
   float acc[8 * VH][4], m[2], l[2];
 #pragma unroll
   for (int n = 0; n < 8 * VH; ++n)
@@ -130,114 +265,35 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
 
   const float scale_log2 = p.k_scale != nullptr ? p.scale_log2 * *p.k_scale : p.scale_log2;
   const int64_t kh = kvh * p.k_sh, vh = kvh * p.v_sh;  // element offsets of this KV head
+  // One step, tokens s .. s + 15: keys, values, scores, softmax, P.V (masked per query token when `ragged`).
+  auto step = [&](const int s, auto ragged) {
+    const StepBlocks sb{s / p.block_size, s % p.block_size};
+    uint32_t kw[2][KC][4];
+    gqa_load_keys<T, KC, F8>(kw, p, sb, seq, s, j1, kh, g, t);
+    uint32_t vw[2][2][VH][4];
+    bool valid[2][2];
+    gqa_load_values<T, VH, F8>(vw, valid, p, sb, seq, s, j1, vh, g, t);
+    float sc[2][4];
+    gqa_scores<T, KC>(sc, qa, kw);
+    uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
+    gqa_softmax<T, PT, ROWS16>(ph, pl, m, l, acc, sc, valid, len, s, t, scale_log2);
+    if constexpr (!decltype(ragged)::value)
+      gqa_pv<T, PT, VH>(acc, ph, pl, vw);
+    else
+      gqa_pv_ragged<T, PT, VH>(acc, ph, pl, vw, wi, G, p.seq_lens, cap, s, g, t);
+  };
   // Steps from ragged_from on (multi-token decode: the rows disagree on some of a step's tokens, always the last
-  // steps of the item) mask V per query token in P.V (gqa_pv_ragged). The loop runs in two phases, unrolled into two
-  // loops: the plain steps, then the ragged ones; the hot loop holds the plain P.V only.
+  // steps of the item) mask V per query token in P.V (gqa_pv_ragged). Two loops over one step: the plain steps, then
+  // the ragged ones; the hot loop holds the plain P.V only.
   const int rag = ragged_from(wi, 0, G, p.seq_lens, cap, j1);
   int s = j0 + 16 * warp;
-#pragma unroll
-  for (int phase = 0; phase < 2; ++phase) {
-    for (const int end = phase == 0 ? min(j1, rag - 15) : j1; s < end; s += 16 * kGqaMmaWarps) {  // warp-uniform
-      const StepBlocks sb{s / p.block_size, s % p.block_size};
-      // keys: token s + 8 n + g, chunks t + 4 i
-      uint32_t kw[2][KC][4];
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        int64_t off;
-        const int64_t block = sb.block_of(p, seq, s + 8 * n + g, j1, 8 * n + g, off);
-#pragma unroll
-        for (int i = 0; i < KC; ++i) {
-          Pairs4 pk{};
-          if (block >= 0) pk = load_chunk<T, F8>(p.k, kh + block * p.k_sb + off * p.k_st + 8 * (t + 4 * i));
-#pragma unroll
-          for (int w = 0; w < 4; ++w) kw[n][i][w] = pk.v[w];
-        }
-      }
-      // values: tokens s + 2t + e + 8u, chunks g + 8 h
-      uint32_t vw[2][2][VH][4];
-      bool valid[2][2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          int64_t off;
-          const int d = 8 * u + 2 * t + e;
-          const int64_t block = sb.block_of(p, seq, s + d, j1, d, off);
-          valid[u][e] = block >= 0;
-#pragma unroll
-          for (int h = 0; h < VH; ++h) {
-            Pairs4 pv{};
-            if (block >= 0) pv = load_chunk<T, F8>(p.v, vh + block * p.v_sb + off * p.v_st + 8 * (g + 8 * h));
-#pragma unroll
-            for (int w = 0; w < 4; ++w) vw[u][e][h][w] = pv.v[w];
-          }
-        }
-      // scores: sc[u] = rows (g, g + 8) x tokens (s + 8u + 2t, + 1)
-      float sc[2][4];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) sc[u][i] = 0.f;
-#pragma unroll
-        for (int i = 0; i < KC; ++i) {
-          const uint32_t b0[2] = {kw[u][i][0], kw[u][i][1]}, b1[2] = {kw[u][i][2], kw[u][i][3]};
-          mma_16816<T>(sc[u], qa[2 * i], b0);
-          mma_16816<T>(sc[u], qa[2 * i + 1], b1);
-        }
-      }
-      // online softmax, once per step: row r's scores are sc[u][2r + e]; the 4 lanes of a row group share m
-      uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-      for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
-        float x[2][2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            x[u][e] = valid[u][e] && s + 8 * u + 2 * t + e < len[r] ? sc[u][2 * r + e] * scale_log2 : -INFINITY;
-        softmax_step<T, PT>(x, r, m[r], l[r], acc, ph, pl);
-      }
-      if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
-      // P.V: n-tile (h, j), column g = head dim 64 h + 8 g + j; k = tokens 2t, 2t+1 | 2t+8, 2t+9
-      if (phase == 0) {
-#pragma unroll
-        for (int h = 0; h < VH; ++h)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const uint32_t b[2] = {pair_rows(vw[0][0][h], vw[0][1][h], j), pair_rows(vw[1][0][h], vw[1][1][h], j)};
-            mma_16816<T>(acc[8 * h + j], ph, b);
-            if constexpr (PT == 2) mma_16816<T>(acc[8 * h + j], pl, b);
-          }
-      } else {
-        gqa_pv_ragged<T, PT, VH>(acc, ph, pl, vw, wi, G, p.seq_lens, cap, s, g, t);
-      }
-    }
-  }
-  // the row sums of the 4 lanes of a row group; then this warp's state into slot `warp`
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-#pragma unroll
-  for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
-    const int row = g + 8 * r;
-    if (t == 0) {
-      st.m[warp * GT + row] = m[r];
-      st.l[warp * GT + row] = l[r];
-    }
-    float* o = st.o + (warp * GT + row) * D;
-#pragma unroll
-    for (int h = 0; h < VH; ++h)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {  // C columns 2t, 2t+1 of n-tile (h, j): head dims 64 h + 8 (2t + e) + j
-        o[64 * h + 16 * t + j] = acc[8 * h + j][2 * r];
-        o[64 * h + 16 * t + 8 + j] = acc[8 * h + j][2 * r + 1];
-      }
-  }
+  for (const int end = min(j1, rag - 15); s < end; s += 16 * kGqaMmaWarps) step(s, std::false_type());  // warp-uniform
+  for (; s < j1; s += 16 * kGqaMmaWarps) step(s, std::true_type());
+
+  gqa_store_state<D, GT>(st, warp, g, t, m, l, acc);
   __syncthreads();
   const int64_t row = static_cast<int64_t>(item) * GT;
-  combine_slots(st, kGqaMmaWarps, GT, ng, D, p.part_o + row * D, p.part_lse + row);
+  combine_slots(st, kGqaMmaWarps, GT, wi.n, D, p.part_o + row * D, p.part_lse + row);
 }
 
 template <typename T, int D, int GT, int PT, bool F8>
