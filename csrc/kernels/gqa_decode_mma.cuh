@@ -4,20 +4,26 @@
 // sequence share each K/V read; the softmax is updated once per step, not once per token. Same parameters, outputs and
 // merge as the SIMT kernel.
 //
-// Registers, for lane = 4 * g + t of a warp, in a step of tokens s .. s + 15:
-//   scores (Q K^T, k = head dims): a lane loads 16-byte chunks t, t + 4, ... of token s + 8 n + g's key (n = 0, 1),
-//     and chunk i's words 0-1 / 2-3 are the B fragment of k-tiles 2i / 2i + 1. The k order inside a tile is thus a
-//     permutation of the head dims; the query fragments are loaded in the same order, so the dot products are exact.
+// Registers, for lane = 4 * g + t of a warp, in a step of tokens s .. s + 15 (a chunk: 8 consecutive head dims):
+//   scores (Q K^T, k = head dims): a lane loads chunks key_chunk(t, i), i < D / 32, of token s + 8 n + g's key (n = 0,
+//     1): t + 4i, or on an FP8 cache 2t + 8 (i / 2) + i % 2, which makes chunks i, i + 1 (i even) one 16-byte load.
+//     Chunk i's words 0-1 / 2-3 (as T pairs) are the B fragment of k-tiles 2i / 2i + 1. The k order inside a tile is
+//     thus a permutation of the head dims; the query fragments are loaded in the same order, so the dot products are
+//     exact (the two orders group the dims into k-tiles differently, so their fp32 sums may differ in rounding).
 //   P.V (k = tokens): the score fragments are already P's A fragment (rows = heads, k = tokens 2t, 2t+1, 2t+8, 2t+9),
-//     and those are the tokens whose values the lane loads: chunks g and g + 8 (and so on per 64 dims) of each.
-//     Column g of n-tile (h, j) is head dim 64 h + 8 g + j; byte permutes pair two tokens' elements per register.
+//     and those are the tokens whose values the lane loads: chunks value_chunk(g, h), h < D / 64, of each: g + 8h, or
+//     on an FP8 cache with D = 128 2g + h (one 16-byte load). Column g of n-tile (h, j) is head dim
+//     8 value_chunk(g, h) + j; byte permutes pair two tokens' elements per register. On an FP8 cache with D = 64
+//     (chunk g: 8 bytes) lane g loads 16 bytes, chunks g & ~1 and g | 1, of token 8u + 2t + (g & 1) only, and lanes
+//     g, g ^ 1 swap halves by shuffles (gqa_load_values_paired).
 //   precision "fp32" (PT = 2) splits P into hi + lo 16-bit parts (two products), so P.V is as accurate as with fp32
 //   probabilities; "native" (PT = 1) rounds P to T once, as every kernel of the field does.
 // Tokens past the split, past seq_len, or in blocks outside the cache are never read (zeros) and get P = 0; so do a
 // row's tokens past its own length, and where the rows (several query tokens) disagree on a step's tokens, V is
 // masked per query token (gqa_pv_ragged), since P = 0 does not keep a NaN or inf in V out (0 x NaN is NaN).
-// An FP8 cache (F8; T the query's 16-bit type): each chunk is 8 e4m3 bytes, converted exactly to T in registers
-// after the load (the same fragments); its K scale multiplies scale_log2 here, its V scale the output in the merge.
+// An FP8 cache (F8; T the query's 16-bit type): chunks are 8 e4m3 bytes, all read by 16-byte loads and kept as
+// loaded; a product converts its chunks exactly to T in registers (chunk_pairs: the same fragments). Its K scale
+// multiplies scale_log2 here, its V scale the output in the merge.
 #pragma once
 
 #include "kernels/gqa_decode.cuh"
@@ -43,39 +49,62 @@ struct StepBlocks {
   }
 };
 
-// 8 cache elements from element offset `at` of `base` as 4 registers of T pairs: 16 bytes of T, or (F8) 8 e4m3
-// bytes converted.
-template <typename T, bool F8>
-__device__ __forceinline__ Pairs4 load_chunk(const void* base, int64_t at) {
-  if constexpr (F8) {
-    const Pack<unsigned short, 4> x =
-        *reinterpret_cast<const Pack<unsigned short, 4>*>(static_cast<const unsigned char*>(base) + at);
-    Pairs4 out;
+// 32-bit words of one 8-element chunk in registers as loaded: 4 (16-bit cache), 2 (FP8, unconverted).
+template <bool F8>
+constexpr int kChunkWords = F8 ? 2 : 4;
+
+// The key chunk (8 head dims) whose words 0-1 / 2-3 (as T pairs) are lane t's B fragment of k-tiles 2i / 2i + 1:
+// t + 4i, or on an FP8 cache 2t + 8 (i / 2) + i % 2, which puts chunks i, i + 1 (i even) in 16 adjacent bytes.
+template <bool F8>
+__device__ __forceinline__ int key_chunk(int t, int i) {
+  return F8 ? 2 * t + 8 * (i / 2) + i % 2 : t + 4 * i;
+}
+
+// The value chunk (8 head dims) of n-tiles (h, 0..7) at column g: g + 8h, or on an FP8 cache with D = 128 2g + h,
+// which puts a lane's two chunks in 16 adjacent bytes.
+template <int VH, bool F8>
+__device__ __forceinline__ int value_chunk(int g, int h) {
+  return F8 && VH == 2 ? 2 * g + h : g + 8 * h;
+}
+
+// 16 bytes at element offset `at` of `base` (elements of type C) into w[k .. k + 3] where `read`, else zeros (nothing
+// is read; zero e4m3 bytes convert to zeros).
+template <typename C, int N>
+__device__ __forceinline__ void load16_or_zeros(uint32_t (&w)[N], int k, bool read, const void* base, int64_t at) {
+  if (read) {
+    const Pairs4 x = *reinterpret_cast<const Pairs4*>(static_cast<const C*>(base) + at);
 #pragma unroll
-    for (int w = 0; w < 4; ++w) out.v[w] = e4m3x2_to<T>(x.v[w]);
-    return out;
+    for (int i = 0; i < 4; ++i) w[k + i] = x.v[i];
   } else {
-    return *reinterpret_cast<const Pairs4*>(static_cast<const T*>(base) + at);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[k + i] = 0u;
   }
 }
 
-// load_chunk into w where `read`, else zeros (nothing is read).
-template <typename T, bool F8>
-__device__ __forceinline__ void load_chunk_or_zeros(uint32_t (&w)[4], bool read, const void* base, int64_t at) {
-  if (read) {
-    const Pairs4 x = load_chunk<T, F8>(base, at);
+// Chunk c of a lane's cache words w (kChunkWords each) as 4 registers of T pairs: the words of a 16-bit cache, or
+// (F8) its 8 e4m3 bytes converted exactly (e4m3x2_to, the low byte first).
+template <typename T, bool F8, int N>
+__device__ __forceinline__ void chunk_pairs(const uint32_t (&w)[N], int c, uint32_t (&out)[4]) {
+  if constexpr (F8) {
+    unsigned short x[4];
+#ifdef DCP_SIMT
+    for (int i = 0; i < 4; ++i) x[i] = static_cast<unsigned short>(w[2 * c + i / 2] >> (16 * (i % 2)));
+#else
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(x[0]), "=h"(x[1]) : "r"(w[2 * c]));  // the halves, no shift
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(x[2]), "=h"(x[3]) : "r"(w[2 * c + 1]));
+#endif
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = x.v[i];
+    for (int i = 0; i < 4; ++i) out[i] = e4m3x2_to<T>(x[i]);
   } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = 0u;
+    for (int i = 0; i < 4; ++i) out[i] = w[4 * c + i];
   }
 }
 
 // Query fragments of rows g, g + 8 (the item's rows: query token, head; 0 past wi.n, and rows 8-15 with GT = 8):
 // qa[2i + h] is k-tile 2i + h's A fragment, whose k 2t, 2t+1 | 2t+8, 2t+9 are head dims 8c + 4h + 0, 1 | + 2, 3 of
-// key chunk c = t + 4i: the k order of gqa_load_keys' B fragments.
-template <typename T, int KC, bool ROWS16>
+// key chunk c = key_chunk(t, i): the k order of gqa_scores' B fragments.
+template <typename T, int KC, bool ROWS16, bool F8>
 __device__ __forceinline__ void gqa_load_query(uint32_t (&qa)[2 * KC][4], const GqaParams& p, const WorkItem& wi, int G,
                                                int g, int t) {
   const T* q = static_cast<const T*>(p.q);
@@ -89,7 +118,7 @@ __device__ __forceinline__ void gqa_load_query(uint32_t (&qa)[2 * KC][4], const 
   for (int i = 0; i < KC; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int d = 8 * (t + 4 * i) + 4 * h;
+      const int d = 8 * key_chunk<F8>(t, i) + 4 * h;
       qa[2 * i + h][0] = word(g, d);
       qa[2 * i + h][1] = ROWS16 ? word(g + 8, d) : 0u;
       qa[2 * i + h][2] = word(g, d + 2);
@@ -97,27 +126,33 @@ __device__ __forceinline__ void gqa_load_query(uint32_t (&qa)[2 * KC][4], const 
     }
 }
 
-// Keys of the step from token s: kw[n][i] = chunk t + 4 i (head dims 8 (t + 4 i) .. + 7) of token s + 8 n + g, zeros
-// where that token is not read.
+// Keys of the step from token s: kw[n] = chunks key_chunk(t, 0 .. KC - 1) of token s + 8 n + g (cache words, zeros
+// where that token is not read), in 16-byte loads: one a chunk, or (F8) one for chunks i, i + 1.
 template <typename T, int KC, bool F8>
-__device__ __forceinline__ void gqa_load_keys(uint32_t (&kw)[2][KC][4], const GqaParams& p, const StepBlocks& sb,
-                                              int seq, int s, int j1, int64_t kh, int g, int t) {
+__device__ __forceinline__ void gqa_load_keys(uint32_t (&kw)[2][KC * kChunkWords<F8>], const GqaParams& p,
+                                              const StepBlocks& sb, int seq, int s, int j1, int64_t kh, int g, int t) {
+  using C = std::conditional_t<F8, unsigned char, T>;
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
     int64_t off;
     const int64_t block = sb.block_of(p, seq, s + 8 * n + g, j1, 8 * n + g, off);
 #pragma unroll
-    for (int i = 0; i < KC; ++i)
-      load_chunk_or_zeros<T, F8>(kw[n][i], block >= 0, p.k, kh + block * p.k_sb + off * p.k_st + 8 * (t + 4 * i));
+    for (int i = 0; i < KC; i += F8 ? 2 : 1) {
+      const int64_t at = kh + block * p.k_sb + off * p.k_st + 8 * key_chunk<F8>(t, i);
+      load16_or_zeros<C>(kw[n], kChunkWords<F8> * i, block >= 0, p.k, at);
+    }
   }
 }
 
-// Values of the step from token s: vw[u][e][h] = chunk g + 8 h (head dims 64 h + 8 g .. + 7) of token s + 8 u + 2 t
-// + e, zeros where that token is not read (valid[u][e] false).
+// Values of the step from token s: vw[u][e] = chunks value_chunk(g, 0 .. VH - 1) of token s + 8 u + 2 t + e (cache
+// words, zeros where that token is not read: valid[u][e] false), in 16-byte loads: one a chunk, or (F8, D = 128) one
+// for both.
 template <typename T, int VH, bool F8>
-__device__ __forceinline__ void gqa_load_values(uint32_t (&vw)[2][2][VH][4], bool (&valid)[2][2], const GqaParams& p,
-                                                const StepBlocks& sb, int seq, int s, int j1, int64_t vh, int g,
-                                                int t) {
+__device__ __forceinline__ void gqa_load_values(uint32_t (&vw)[2][2][VH * kChunkWords<F8>], bool (&valid)[2][2],
+                                                const GqaParams& p, const StepBlocks& sb, int seq, int s, int j1,
+                                                int64_t vh, int g, int t) {
+  static_assert(!F8 || VH == 2, "FP8 with D = 64 takes gqa_load_values_paired");
+  using C = std::conditional_t<F8, unsigned char, T>;
 #pragma unroll
   for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -127,24 +162,61 @@ __device__ __forceinline__ void gqa_load_values(uint32_t (&vw)[2][2][VH][4], boo
       const int64_t block = sb.block_of(p, seq, s + d, j1, d, off);
       valid[u][e] = block >= 0;
 #pragma unroll
-      for (int h = 0; h < VH; ++h) {
-        const int64_t at = vh + block * p.v_sb + off * p.v_st + 8 * (g + 8 * h);
-        load_chunk_or_zeros<T, F8>(vw[u][e][h], block >= 0, p.v, at);
+      for (int h = 0; h < VH; h += F8 ? 2 : 1) {
+        const int64_t at = vh + block * p.v_sb + off * p.v_st + 8 * value_chunk<VH, F8>(g, h);
+        load16_or_zeros<C>(vw[u][e], kChunkWords<F8> * h, block >= 0, p.v, at);
       }
     }
 }
 
-// Scores Q K^T of the step: sc[u] = rows (g, g + 8) x tokens (8u + 2t, + 1), the C fragment of n-tile u.
-template <typename T, int KC>
+// gqa_load_values for D = 64 on an FP8 cache (the same vw, 2 words a token, and valid), where a lane's chunk of a
+// token is half a 16-byte load: lanes g and g ^ 1 (lane ^ 4) each load chunks g & ~1, g | 1 of one token, s + 8 u + 2 t
+// + (g & 1), and swap halves by two shuffles per u; one more shuffle brings the other token's valid. Every lane
+// shuffles (the step is warp-uniform).
+template <typename T>
+__device__ __forceinline__ void gqa_load_values_paired(uint32_t (&vw)[2][2][2], bool (&valid)[2][2], const GqaParams& p,
+                                                       const StepBlocks& sb, int seq, int s, int j1, int64_t vh, int g,
+                                                       int t) {
+  const bool odd = g & 1;  // this lane loads token e = odd, whose chunk g is w[2 odd], w[2 odd + 1]
+  unsigned mine = 0u;      // bit u: this lane's token of u is read
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    int64_t off;
+    const int d = 8 * u + 2 * t + odd;
+    const int64_t block = sb.block_of(p, seq, s + d, j1, d, off);
+    mine |= (block >= 0 ? 1u : 0u) << u;
+    uint32_t w[4];
+    load16_or_zeros<unsigned char>(w, 0, block >= 0, p.v, vh + block * p.v_sb + off * p.v_st + 8 * (g & ~1));
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {  // out: the partner's chunk of this token; in: this lane's chunk of the other token
+      const uint32_t in = __shfl_xor_sync(0xffffffffu, odd ? w[k] : w[k + 2], 4);
+      vw[u][0][k] = odd ? in : w[k];
+      vw[u][1][k] = odd ? w[k + 2] : in;
+    }
+  }
+  const unsigned theirs = __shfl_xor_sync(0xffffffffu, mine, 4);
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const bool m = mine >> u & 1u, o = theirs >> u & 1u;
+    valid[u][0] = odd ? o : m;
+    valid[u][1] = odd ? m : o;
+  }
+}
+
+// Scores Q K^T of the step: sc[u] = rows (g, g + 8) x tokens (8u + 2t, + 1), the C fragment of n-tile u; chunk i of
+// token 8u + g's key (as T pairs) is the B fragment of k-tiles 2i (words 0-1), 2i + 1 (words 2-3).
+template <typename T, int KC, bool F8>
 __device__ __forceinline__ void gqa_scores(float (&sc)[2][4], const uint32_t (&qa)[2 * KC][4],
-                                           const uint32_t (&kw)[2][KC][4]) {
+                                           const uint32_t (&kw)[2][KC * kChunkWords<F8>]) {
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) sc[u][i] = 0.f;
 #pragma unroll
     for (int i = 0; i < KC; ++i) {
-      const uint32_t b0[2] = {kw[u][i][0], kw[u][i][1]}, b1[2] = {kw[u][i][2], kw[u][i][3]};
+      uint32_t k[4];
+      chunk_pairs<T, F8>(kw[u], i, k);
+      const uint32_t b0[2] = {k[0], k[1]}, b1[2] = {k[2], k[3]};
       mma_16816<T>(sc[u], qa[2 * i], b0);
       mma_16816<T>(sc[u], qa[2 * i + 1], b1);
     }
@@ -171,45 +243,58 @@ __device__ __forceinline__ void gqa_softmax(uint32_t (&ph)[4], uint32_t (&pl)[4]
   if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
 }
 
-// P.V of a plain step (every row attends every token read): n-tile (h, j), column g = head dim 64 h + 8 g + j;
-// k = tokens 2t, 2t+1 | 2t+8, 2t+9, paired from the value chunks by byte permutes.
-template <typename T, int PT, int VH>
+// P.V of a plain step (every row attends every token read): n-tile (h, j), column g = head dim 8 value_chunk(g, h)
+// + j; k = tokens 2t, 2t+1 | 2t+8, 2t+9, paired from the value chunks (as T pairs) by byte permutes.
+template <typename T, int PT, int VH, bool F8>
 __device__ __forceinline__ void gqa_pv(float (&acc)[8 * VH][4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
-                                       const uint32_t (&vw)[2][2][VH][4]) {
+                                       const uint32_t (&vw)[2][2][VH * kChunkWords<F8>]) {
 #pragma unroll
-  for (int h = 0; h < VH; ++h)
+  for (int h = 0; h < VH; ++h) {
+    uint32_t v[2][2][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) chunk_pairs<T, F8>(vw[u][e], h, v[u][e]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint32_t b[2] = {pair_rows(vw[0][0][h], vw[0][1][h], j), pair_rows(vw[1][0][h], vw[1][1][h], j)};
+      const uint32_t b[2] = {pair_rows(v[0][0], v[0][1], j), pair_rows(v[1][0], v[1][1], j)};
       mma_16816<T>(acc[8 * h + j], ph, b);
       if constexpr (PT == 2) mma_16816<T>(acc[8 * h + j], pl, b);
     }
+  }
 }
 
 // P.V of a ragged step (split_kv.cuh's ragged_from; its first token s): once per query token of the tile's rows, P
 // (PT terms) times V masked at that token's length, kept in that token's rows only (mma_rows_upto). The operands are
 // gqa_pv's. The query tokens are a loop, not unrolled: this runs on the last steps of a multi-token item only.
-template <typename T, int PT, int VH>
+template <typename T, int PT, int VH, bool F8>
 __device__ __forceinline__ void gqa_pv_ragged(float (&acc)[8 * VH][4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
-                                              const uint32_t (&vw)[2][2][VH][4], const WorkItem& wi, int G,
-                                              const int32_t* seq_lens, int cap, int s, int g, int t) {
+                                              const uint32_t (&vw)[2][2][VH * kChunkWords<F8>], const WorkItem& wi,
+                                              int G, const int32_t* seq_lens, int cap, int s, int g, int t) {
   const int last = wi.token(wi.n - 1, G), mine0 = wi.token(g, G), mine1 = wi.token(g + 8, G);
 #pragma unroll 1
   for (int q = wi.token(0, G); q <= last; ++q) {  // warp-uniform
     const int lim = clamp_len(seq_lens[q], cap) - s;
 #pragma unroll
-    for (int h = 0; h < VH; ++h)
+    for (int h = 0; h < VH; ++h) {
+      uint32_t v[2][2][4];
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) chunk_pairs<T, F8>(vw[u][e], h, v[u][e]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const uint32_t b[2] = {pair_rows(vw[0][0][h], vw[0][1][h], j), pair_rows(vw[1][0][h], vw[1][1][h], j)};
+        const uint32_t b[2] = {pair_rows(v[0][0], v[0][1], j), pair_rows(v[1][0], v[1][1], j)};
         mma_rows_upto<T, PT>(acc[8 * h + j], ph, pl, b, lim, t, mine0 == q, mine1 == q);
       }
+    }
   }
 }
 
 // The end of a warp's steps: the row sums of the 4 lanes of a row group, then the warp's state (m, l, and the
-// unnormalised accumulator rows) into slot `warp`. C column 2t + e of n-tile (h, j) is head dim 64 h + 8 (2t + e) + j.
-template <int D, int GT>
+// unnormalised accumulator rows) into slot `warp`. C column 2t + e of n-tile (h, j) is head dim
+// 8 value_chunk(2t + e, h) + j.
+template <int D, int GT, bool F8>
 __device__ __forceinline__ void gqa_store_state(const SlotState& st, int warp, int g, int t, const float (&m)[2],
                                                 float (&l)[2], const float (&acc)[D / 8][4]) {
 #pragma unroll
@@ -229,8 +314,8 @@ __device__ __forceinline__ void gqa_store_state(const SlotState& st, int warp, i
     for (int h = 0; h < D / 64; ++h)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        o[64 * h + 16 * t + j] = acc[8 * h + j][2 * r];
-        o[64 * h + 16 * t + 8 + j] = acc[8 * h + j][2 * r + 1];
+        o[8 * value_chunk<D / 64, F8>(2 * t, h) + j] = acc[8 * h + j][2 * r];
+        o[8 * value_chunk<D / 64, F8>(2 * t + 1, h) + j] = acc[8 * h + j][2 * r + 1];
       }
   }
 }
@@ -251,7 +336,7 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
   const SlotState st(smem, kGqaMmaWarps, GT);
 
   uint32_t qa[2 * KC][4];
-  gqa_load_query<T, KC, ROWS16>(qa, p, wi, G, g, t);
+  gqa_load_query<T, KC, ROWS16, F8>(qa, p, wi, G, g, t);
   float acc[8 * VH][4], m[2], l[2];
 #pragma unroll
   for (int n = 0; n < 8 * VH; ++n)
@@ -268,19 +353,22 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
   // One step, tokens s .. s + 15: keys, values, scores, softmax, P.V (masked per query token when `ragged`).
   auto step = [&](const int s, auto ragged) {
     const StepBlocks sb{s / p.block_size, s % p.block_size};
-    uint32_t kw[2][KC][4];
+    uint32_t kw[2][KC * kChunkWords<F8>];
     gqa_load_keys<T, KC, F8>(kw, p, sb, seq, s, j1, kh, g, t);
-    uint32_t vw[2][2][VH][4];
+    uint32_t vw[2][2][VH * kChunkWords<F8>];
     bool valid[2][2];
-    gqa_load_values<T, VH, F8>(vw, valid, p, sb, seq, s, j1, vh, g, t);
+    if constexpr (F8 && VH == 1)
+      gqa_load_values_paired<T>(vw, valid, p, sb, seq, s, j1, vh, g, t);
+    else
+      gqa_load_values<T, VH, F8>(vw, valid, p, sb, seq, s, j1, vh, g, t);
     float sc[2][4];
-    gqa_scores<T, KC>(sc, qa, kw);
+    gqa_scores<T, KC, F8>(sc, qa, kw);
     uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
     gqa_softmax<T, PT, ROWS16>(ph, pl, m, l, acc, sc, valid, len, s, t, scale_log2);
     if constexpr (!decltype(ragged)::value)
-      gqa_pv<T, PT, VH>(acc, ph, pl, vw);
+      gqa_pv<T, PT, VH, F8>(acc, ph, pl, vw);
     else
-      gqa_pv_ragged<T, PT, VH>(acc, ph, pl, vw, wi, G, p.seq_lens, cap, s, g, t);
+      gqa_pv_ragged<T, PT, VH, F8>(acc, ph, pl, vw, wi, G, p.seq_lens, cap, s, g, t);
   };
   // Steps from ragged_from on (multi-token decode: the rows disagree on some of a step's tokens, always the last
   // steps of the item) mask V per query token in P.V (gqa_pv_ragged). Two loops over one step: the plain steps, then
@@ -290,7 +378,7 @@ __global__ void __launch_bounds__(32 * kGqaMmaWarps, 1) gqa_mma_kernel(GqaParams
   for (const int end = min(j1, rag - 15); s < end; s += 16 * kGqaMmaWarps) step(s, std::false_type());  // warp-uniform
   for (; s < j1; s += 16 * kGqaMmaWarps) step(s, std::true_type());
 
-  gqa_store_state<D, GT>(st, warp, g, t, m, l, acc);
+  gqa_store_state<D, GT, F8>(st, warp, g, t, m, l, acc);
   __syncthreads();
   const int64_t row = static_cast<int64_t>(item) * GT;
   combine_slots(st, kGqaMmaWarps, GT, wi.n, D, p.part_o + row * D, p.part_lse + row);
