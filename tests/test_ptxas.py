@@ -120,12 +120,12 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
     checked = mma = 0
     for fn in functions[1:]:
         name = fn.split("\n", 1)[0]
-        # the 16-byte-pack instantiations: VEC = 4 (fp32) or 8 (16-bit) for merge, every GQA variant (the tensor-core
-        # ones on fp8 caches too), MLA with a latent of 256 or 512 (128 gives 16-bit types 8-byte packs); the SIMT
-        # kernels on fp8 caches read 8-byte packs (GQA's; MLA's at latent 256), the tiled MLA kernel 16-byte ones by
+        # the 16-byte-pack instantiations: VEC = 4 (fp32) or 8 (16-bit) for merge, every GQA variant (on fp8 caches
+        # too: two lanes share a load in the SIMT kernel), MLA with a latent of 256 or 512 (128 gives 16-bit types
+        # 8-byte packs); MLA's SIMT kernel on fp8 caches reads 8-byte packs, the tiled MLA kernel 16-byte ones by
         # cp.async (checked below)
         fp8 = "fp8_e4m3" in name or "Lb1E" in name
-        wide = ("gqa_split_kernel" in name and not fp8) or "gqa_mma_kernel" in name or (
+        wide = "gqa_split_kernel" in name or "gqa_mma_kernel" in name or (
             "merge_kernel" in name and re.search(r"Li(4|8)E", name) is not None) or (
             "mla_split_kernel" in name and not fp8 and re.search(r"Li(256|512)E", name) is not None)
         if not wide:
@@ -136,9 +136,9 @@ def test_hot_loops_use_128_bit_global_loads(compiled):
         if "gqa_mma_kernel" in name:
             mma += 1
             assert re.search(r"HMMA\.16816\.F32", fn), f"{arch}: no tensor-core mma in {name}"
-    for fn in functions[1:]:  # GQA on tensor cores on fp8 caches: 16-byte loads only (two 8-byte e4m3 chunks each)
+    for fn in functions[1:]:  # GQA on fp8 caches: 16-byte loads only (two 8-byte e4m3 chunks or packs each)
         name = fn.split("\n", 1)[0]
-        if "gqa_mma_kernel" in name and "Lb1E" in name:
+        if ("gqa_mma_kernel" in name and "Lb1E" in name) or ("gqa_split_kernel" in name and "fp8_e4m3" in name):
             assert not re.search(r"LDG\.E\.(?:EL\.)?64", fn), f"{arch}: an 8-byte global load in {name}"
     tiled = 0
     for fn in functions[1:]:  # MLA on tensor cores: rows reach shared memory by 16-byte cp.async

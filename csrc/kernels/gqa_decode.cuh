@@ -6,6 +6,8 @@
 // GPU kernel cannot raise; the CPU op rejects them).
 #pragma once
 
+#include <cstring>
+
 #include "kernels/common.cuh"
 #include "kernels/merge.cuh"
 #include "kernels/split_kv.cuh"
@@ -32,6 +34,28 @@ struct GqaParams {
 };
 
 constexpr int kGqaWarps = 4;
+
+// The K and V packs of 8 e4m3 elements, columns [8 sl, 8 sl + 8), of one token's rows (at element offsets k_at, v_at
+// of k, v) by 16-byte loads: lanes sl and sl ^ 1 (one row's) each load 16 bytes, columns [16 (sl / 2), + 16), the
+// even lane K's and the odd lane V's, and swap the halves the other needs by two shuffles. Every lane of the warp
+// calls this (the caller's loop is warp-uniform); where the token is not read (valid false) both get zeros.
+__device__ __forceinline__ void load_kv_fp8_paired(Pack<fp8_e4m3, 8>& kp, Pack<fp8_e4m3, 8>& vp, bool valid,
+                                                   const fp8_e4m3* k, int64_t k_at, const fp8_e4m3* v, int64_t v_at,
+                                                   int sl) {
+  const bool odd = sl & 1;
+  Pack<uint32_t, 4> w{};
+  if (valid)
+    w = *reinterpret_cast<const Pack<uint32_t, 4>*>(odd ? v + v_at + 8 * (sl & ~1) : k + k_at + 8 * (sl & ~1));
+  Pack<uint32_t, 2> kw, vw;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // out: the half of this lane's load the partner needs; in: the one it loaded for us
+    const uint32_t in = __shfl_xor_sync(0xffffffffu, odd ? w.v[i] : w.v[i + 2], 1);
+    kw.v[i] = odd ? in : w.v[i];
+    vw.v[i] = odd ? w.v[i + 2] : in;
+  }
+  memcpy(&kp, &kw, sizeof(kp));
+  memcpy(&vp, &vw, sizeof(vp));
+}
 
 // LANES lanes cover one token's row, each NC packs of VEC elements; 32 / LANES tokens per warp step. T: the query's
 // type; C: the cache's (T, or fp8_e4m3).
@@ -76,7 +100,11 @@ __global__ void gqa_split_kernel(GqaParams p) {
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       Pack<C, VEC> kp, vp;
-      if (valid) {
+      if constexpr (sizeof(C) == 1) {  // 8-byte packs, read two lanes' at a time (load_kv_fp8_paired)
+        static_assert(VEC == 8 && NC == 1 && LANES % 2 == 0, "fp8: one 8-byte pack a lane, lanes in pairs");
+        load_kv_fp8_paired(kp, vp, valid, kbase, block * p.k_sb + off * p.k_st, vbase, block * p.v_sb + off * p.v_st,
+                           sl);
+      } else if (valid) {
         const int64_t col = (c * LANES + sl) * VEC;
         kp = *reinterpret_cast<const Pack<C, VEC>*>(kbase + block * p.k_sb + off * p.k_st + col);
         vp = *reinterpret_cast<const Pack<C, VEC>*>(vbase + block * p.v_sb + off * p.v_st + col);
@@ -125,8 +153,8 @@ cudaError_t gqa_by_group(const GqaParams& p, cudaStream_t stream) {
 // Head dims 64, 128 and 256, for every dtype.
 inline bool gqa_supported_head_dim(int D, int /*elem_size*/) { return D == 64 || D == 128 || D == 256; }
 
-// T: the query's type; C: the cache's, T or fp8_e4m3 (whose rows are read in 8-byte packs, as many lanes to a row as
-// a 16-bit cache's).
+// T: the query's type; C: the cache's, T or fp8_e4m3 (8-byte packs, as many lanes to a row as a 16-bit cache's, read
+// by 16-byte loads that two lanes share: load_kv_fp8_paired).
 template <typename T, typename C = T>
 cudaError_t gqa_split(const GqaParams& p, cudaStream_t stream) {
   constexpr int V = sizeof(C) == 1 ? 8 : 16 / sizeof(C);  // elements per load
