@@ -243,6 +243,16 @@ __device__ __forceinline__ void gqa_softmax(uint32_t (&ph)[4], uint32_t (&pl)[4]
   if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
 }
 
+// Value chunk h of the lane's 4 tokens as T pairs (chunk_pairs): v[u][e] is token 8u + 2t + e's, the words P.V pairs
+// into n-tiles (h, 0 .. 7).
+template <typename T, bool F8, int N>
+__device__ __forceinline__ void value_pairs(const uint32_t (&vw)[2][2][N], int h, uint32_t (&v)[2][2][4]) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) chunk_pairs<T, F8>(vw[u][e], h, v[u][e]);
+}
+
 // P.V of a plain step (every row attends every token read): n-tile (h, j), column g = head dim 8 value_chunk(g, h)
 // + j; k = tokens 2t, 2t+1 | 2t+8, 2t+9, paired from the value chunks (as T pairs) by byte permutes.
 template <typename T, int PT, int VH, bool F8>
@@ -251,10 +261,7 @@ __device__ __forceinline__ void gqa_pv(float (&acc)[8 * VH][4], const uint32_t (
 #pragma unroll
   for (int h = 0; h < VH; ++h) {
     uint32_t v[2][2][4];
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) chunk_pairs<T, F8>(vw[u][e], h, v[u][e]);
+    value_pairs<T, F8>(vw, h, v);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint32_t b[2] = {pair_rows(v[0][0], v[0][1], j), pair_rows(v[1][0], v[1][1], j)};
@@ -278,10 +285,7 @@ __device__ __forceinline__ void gqa_pv_ragged(float (&acc)[8 * VH][4], const uin
 #pragma unroll
     for (int h = 0; h < VH; ++h) {
       uint32_t v[2][2][4];
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) chunk_pairs<T, F8>(vw[u][e], h, v[u][e]);
+      value_pairs<T, F8>(vw, h, v);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t b[2] = {pair_rows(v[0][0], v[0][1], j), pair_rows(v[1][0], v[1][1], j)};

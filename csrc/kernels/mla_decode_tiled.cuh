@@ -3,8 +3,9 @@
 // P is rounded once to the cache's type before P.V; scores, softmax statistics, row sums and the accumulators are
 // fp32. The split pass of mla_decode_partial, built like the fastest decode kernels:
 //   - a block takes a work item's kMlaRows = 64 query rows, (query token, head) pairs of one sequence in token-major
-//     order (split_plan.cuh; qrow() and orow() are the only places that say so): 128 heads read each KV tile twice,
-//     and 16 heads x 4 query tokens (multi-token decode) read it once; each row is masked at its own length;
+//     order (split_plan.cuh; the q_row and orow lambdas are the only places that say so): 128 heads read each KV
+//     tile twice, and 16 heads x 4 query tokens (multi-token decode) read it once; each row is masked at its own
+//     length;
 //   - BN-token KV tiles (BN = 64, one page of 64; 32 where shared memory is smaller) are copied by cp.async into two
 //     shared stages: tile k + 1 is in flight while tile k is computed; V is the latent part of the same rows;
 //   - scores: warp w takes the 16 rows of row group w % 4 and half the tile's tokens (w / 4), over the full
@@ -29,6 +30,7 @@
 
 #include "kernels/cp_async.cuh"
 #include "kernels/mla_decode.cuh"
+#include "kernels/mla_fp8_tile.cuh"
 #include "kernels/mma.cuh"
 
 namespace dcp_ops::kernels {
@@ -58,324 +60,427 @@ __device__ __forceinline__ int swizzled(int r, int c) {
   return r * CH * 8 + 8 * (c ^ swizzle_of<CH>(r));
 }
 
+// c = 0 for each of N fragments of 4 accumulators.
+template <int N>
+__device__ __forceinline__ void zero_fragments(float (&c)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[n][i] = 0.f;
+}
+
+// The tiles of a work item (`tiles` of BN tokens from wi.begin) before its first ragged one: the least ragged_from
+// (split_kv.cuh) of its 4 row groups; all of them where no row group's rows disagree on a token of the split.
+template <int BN>
+__device__ __forceinline__ int mla_tiled_plain_tiles(const WorkItem& wi, const MlaParams& p, int cap, int tiles) {
+  int ragged_start = kNotRagged;
+#pragma unroll
+  for (int rg = 0; rg < 4; ++rg)
+    ragged_start = min(ragged_start, ragged_from(wi, 16 * rg, p.H, p.seq_lens, cap, wi.end));
+  return ragged_start == kNotRagged ? tiles : min(tiles, max(0, (ragged_start - wi.begin) / BN));
+}
+
+// The kernel's shapes: a KV (and Q) row of DK elements as 16-byte chunks (16-bit: 8 elements; e4m3: 16); the 16-bit
+// KV stages; a warp's score n-tiles (8 tokens each, half the tile) and P.V n-tiles (8 columns each, DL / 8 columns);
+// the threads copying one KV row of a tile. (A P row is BN / 8 chunks.)
+template <int DL, int DR, int BN, bool F8>
+struct MlaTiledShape {
+  static constexpr int DK = DL + DR, kChunks = DK / 8, kRawChunks = DK / 16;
+  static constexpr int kStages16 = F8 ? 1 : 2;
+  static constexpr int kScoreTiles = BN / 16, kOutTiles = DL / 64;
+  static constexpr int kThreads = 32 * kMlaTiledWarps, kThreadsPerRow = kThreads / BN;
+  static_assert(DL % 256 == 0 && DR % 64 == 0 && (BN == 32 || BN == 64), "latent 256 / 512, rope 0 / 64");
+  static_assert(kChunks % 8 == 0 && kChunks % kThreadsPerRow == 0 && kScoreTiles % 2 == 0 && kOutTiles % 2 == 0,
+                "tile shapes");
+};
+
+// cp.async of the block's query rows (p.q16) into the swizzled Q tile; rows past n are zeros.
+template <typename T, int DK>
+__device__ __forceinline__ void mla_tiled_stage_query(T* sQ, const MlaParams& p, const WorkItem& wi) {
+  constexpr int kChunks = DK / 8;
+  const T* q16 = static_cast<const T*>(p.q16);
+  // a block's row r: its query row
+  auto q_row = [&](int r) { return static_cast<int64_t>(wi.token(r, p.H)) * p.H + wi.head(r, p.H); };
+  for (int i = threadIdx.x; i < kMlaRows * kChunks; i += 32 * kMlaTiledWarps) {
+    const int r = i / kChunks, c = i % kChunks;
+    cp_async16(sQ + swizzled<kChunks>(r, c), q16 + (r < wi.n ? q_row(r) * DK + 8 * c : 0), r < wi.n);
+  }
+}
+
+// This thread's part of the copy of a tile row into stage `stage` (cp.async; zeros where off < 0, the token not
+// read), and the row's valid flag: chunks copy_part, copy_part + kThreadsPerRow, ... of row copy_row, from the cache
+// row at element offset off (F8: bytes). With 4 threads a row, the 8 lanes of a copy's phase write 4 chunks of two
+// rows: the odd row takes its chunk pairs in the other order (step i ^ 1), so that the two rows fill the two halves
+// of 128 bytes of banks (16-bit rows are 128-byte multiples, swizzled with r & 7, which the two rows share but in
+// bit 0; raw e4m3 rows where they are 128-byte multiples) instead of one half twice.
+template <typename T, int DL, int DR, int BN, bool F8>
+__device__ __forceinline__ void mla_tiled_copy_row(T* sKV, unsigned char* sRaw, int* sValid, int stage, int64_t off,
+                                                   const void* kv, int copy_row, int copy_part) {
+  using S = MlaTiledShape<DL, DR, BN, F8>;
+  constexpr int DK = S::DK, kPerRow = S::kThreadsPerRow;
+  constexpr bool kPairSteps = kPerRow == 4;
+  if constexpr (F8) {  // (off counts elements, which are bytes here)
+    unsigned char* dst = sRaw + (stage * BN + copy_row) * DK;
+    const unsigned char* src = static_cast<const unsigned char*>(kv);
+    constexpr int kSteps = (S::kRawChunks + kPerRow - 1) / kPerRow;
+    constexpr bool kSwap = kPairSteps && DK % 128 == 0 && kSteps % 2 == 0 && S::kRawChunks % kPerRow == 0;
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      const int c = copy_part + kPerRow * (kSwap ? i ^ (copy_row & 1) : i);
+      if (S::kRawChunks % kPerRow == 0 || c < S::kRawChunks)
+        cp_async16(dst + 16 * c, src + (off >= 0 ? off + 16 * c : 0), off >= 0);
+    }
+  } else {
+    T* dst = sKV + stage * BN * DK;
+    const T* src = static_cast<const T*>(kv);
+    static_assert(!kPairSteps || S::kChunks / kPerRow % 2 == 0, "pairs of copy steps");
+#pragma unroll
+    for (int i = 0; i < S::kChunks / kPerRow; ++i) {
+      const int c = copy_part + kPerRow * (kPairSteps ? i ^ (copy_row & 1) : i);
+      cp_async16(dst + swizzled<S::kChunks>(copy_row, c), src + (off >= 0 ? off + 8 * c : 0), off >= 0);
+    }
+  }
+  if (copy_part == 0) sValid[stage * BN + copy_row] = off >= 0;
+}
+
+// F8: raw stage `stage` (a tile in) converted to T into the 16-bit stage (convert_e4m3_rows), swizzled as
+// mla_tiled_copy_row places a 16-bit cache's rows.
+template <typename T, int DL, int DR, int BN>
+__device__ __forceinline__ void mla_tiled_convert(T* sKV, const unsigned char* sRaw, int stage, int tid) {
+  using S = MlaTiledShape<DL, DR, BN, true>;
+  convert_e4m3_rows<T, BN, S::DK, S::kThreads>(sKV, sRaw, stage, tid,
+                                               [](int r, int c) { return swizzled<S::kChunks>(r, c); });
+}
+
+// The ldmatrix row addresses of the score products (lane: row ld_row of matrix ld_matrix): Q's rows 16 row_group ..
+// (A) and the stage's key rows BN / 2 token_half .. (B, stage 0). Chunk c of a row is at (c & ~7 | (c & 7) ^ ld_row)
+// (swizzled), so 4 bases, chunks 2 v + (a bit of ld_matrix), cover c & 7 = 2 (ks % 4) + bit of every k-step ks.
+template <int DK, int BN, typename T>
+__device__ __forceinline__ void mla_tiled_score_bases(SmemAddr (&q_addr)[4], SmemAddr (&k_addr)[4], const T* sQ,
+                                                      const T* sKV, int row_group, int token_half, int ld_matrix,
+                                                      int ld_row) {
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    const int cq = 2 * v + ld_matrix / 2, ck = 2 * v + ld_matrix % 2;
+    q_addr[v] = smem_addr(sQ + swizzled<DK / 8>(16 * row_group + 8 * (ld_matrix % 2) + ld_row, cq));
+    k_addr[v] = smem_addr(sKV + swizzled<DK / 8>(BN / 2 * token_half + 8 * (ld_matrix / 2) + ld_row, ck));
+  }
+}
+
+// The scores of this warp's 16 rows over its half of the stage's tokens (k_addr: its key rows, stage_bytes on),
+// DK / 16 k-steps. A by ldmatrix at q_addr[ks % 4], B at k_addr[ks % 4], each + the bytes of k-step ks's group of 8
+// chunks (the 4 bases cover the swizzled chunk pairs of a group).
+template <typename T, int DK, int NT>
+__device__ __forceinline__ void mla_tiled_scores(float (&scores)[NT][4], const SmemAddr (&q_addr)[4],
+                                                 const SmemAddr (&k_addr)[4], int stage_bytes) {
+#pragma unroll
+  for (int ks = 0; ks < DK / 16; ++ks) {
+    const int group_bytes = ks / 4 * 128;  // bytes of the 8-chunk group of k-step ks
+    uint32_t a[4];
+    ldmatrix_x4<false>(a, q_addr[ks % 4] + group_bytes);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4<false>(b, k_addr[ks % 4] + stage_bytes + np * 16 * DK * static_cast<int>(sizeof(T)) + group_bytes);
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      mma_16816<T>(scores[2 * np], a, b0);
+      mma_16816<T>(scores[2 * np + 1], a, b1);
+    }
+  }
+}
+
+// The scores of this lane's rows masked (-inf: the token not read, valid[] 0, or at or past the row's length: tokens
+// 8 n + (i & 1) from this lane's first, not below limit[r]) and scaled by scale_log2; the rows' maxima over the
+// warp's token half into sMaxHalf[row] (rows first_row, first_row + 8; lane_col 0 of the quad stores).
+template <int NT>
+__device__ __forceinline__ void mla_tiled_mask_and_max(float (&scores)[NT][4], const int* valid, const int (&limit)[2],
+                                                       float scale_log2, float* sMaxHalf, int first_row,
+                                                       int lane_col) {
+  float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      scores[n][i] = valid[8 * n + 2 * lane_col + (i & 1)] && 8 * n + (i & 1) < limit[i / 2] ? scores[n][i] * scale_log2
+                                                                                             : -INFINITY;
+      row_max[i / 2] = fmaxf(row_max[i / 2], scores[n][i]);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+    row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+    if (lane_col == 0) sMaxHalf[first_row + 8 * r] = row_max[r];
+  }
+}
+
+// The online softmax update of this lane's rows first_row, first_row + 8 with both halves' maxima in sMax: the new
+// max m, the rescale alpha of the old (into sAlpha, from lane_col 0 of token half 0), the row sums l over this lane's
+// tokens, and P rounded to T into sP (row chunk NT token_half + n, swizzled). The token half is derived here from the
+// thread index tid: taken as an argument, the sAlpha condition was hoisted out of the tile loop and the fp8
+// instantiations at latent 512, BN 64 spilled (4 to 36 bytes, sm_80 and sm_90a).
+template <typename T, int BN, int NT>
+__device__ __forceinline__ void mla_tiled_probabilities(const float (&scores)[NT][4], float (&m)[2], float (&l)[2],
+                                                        T* sP, const float* sMax, float* sAlpha, int first_row,
+                                                        int tid, int lane_col) {
+  const int token_half = tid / 32 / 4;  // the warp's
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = first_row + 8 * r;
+    const float m_new = fmaxf(m[r], fmaxf(sMax[row], sMax[kMlaRows + row]));
+    const float mu = m_new == -INFINITY ? 0.f : m_new;  // no token yet: every P is 0, nothing to rescale
+    const float alpha = exp2f(m[r] - mu);
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float p0 = exp2f(scores[n][2 * r] - mu), p1 = exp2f(scores[n][2 * r + 1] - mu);
+      sum += p0 + p1;
+      st_shared_u32(sP + swizzled<BN / 8>(row, NT * token_half + n) + 2 * lane_col,
+                    pack2(from_f32<T>(p0), from_f32<T>(p1)));
+    }
+    l[r] = l[r] * alpha + sum;
+    m[r] = m_new;
+    if (token_half == 0 && lane_col == 0) sAlpha[row] = alpha;
+  }
+}
+
+// The output accumulators of the row groups below nrows rescaled by their rows' alpha (sAlpha).
+template <int NV>
+__device__ __forceinline__ void mla_tiled_rescale(float (&acc)[4][NV][4], const float* sAlpha, int nrows,
+                                                  int lane_row) {
+#pragma unroll
+  for (int rg = 0; rg < 4; ++rg) {
+    if (16 * rg >= nrows) continue;
+    const float a0 = sAlpha[16 * rg + lane_row], a1 = sAlpha[16 * rg + lane_row + 8];
+#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      acc[rg][n][0] *= a0;
+      acc[rg][n][1] *= a0;
+      acc[rg][n][2] *= a1;
+      acc[rg][n][3] *= a1;
+    }
+  }
+}
+
+// P.V of a tile: acc[rg][n] (rows 16 rg + lane_row (+ 8), columns DL / 8 warp + 8 n + 2 lane_col (+ 1)) += P V. Per
+// k-step of 16 tokens: the A fragments of the row groups below nrows, P by ldmatrix from p_addr (row group rg
+// 16 rg BN elements on, chunk 2 ks + p_chunk, swizzled as ld_row's row); V's B fragments by ldmatrix.trans from
+// v_addr (the stage's; chunk v_chunk + 2 np, swizzled with ld_row).
+template <typename T, int DK, int BN, int NV>
+__device__ __forceinline__ void mla_tiled_pv(float (&acc)[4][NV][4], SmemAddr p_addr, SmemAddr v_addr, int p_chunk,
+                                             int v_chunk, int ld_row, int nrows) {
+#pragma unroll
+  for (int ks = 0; ks < BN / 16; ++ks) {
+    uint32_t a[4][4];
+#pragma unroll
+    for (int rg = 0; rg < 4; ++rg)
+      if (16 * rg < nrows)
+        ldmatrix_x4<false>(a[rg], p_addr + (rg * 16 * BN + 8 * ((2 * ks + p_chunk) ^ swizzle_of<BN / 8>(ld_row))) *
+                                               static_cast<int>(sizeof(T)));
+#pragma unroll
+    for (int np = 0; np < NV / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4<true>(b, v_addr + (16 * ks * DK + 8 * ((v_chunk + 2 * np) ^ ld_row)) * static_cast<int>(sizeof(T)));
+      const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+#pragma unroll
+      for (int rg = 0; rg < 4; ++rg) {
+        if (16 * rg >= nrows) continue;
+        mma_16816<T>(acc[rg][2 * np], a[rg], b0);
+        mma_16816<T>(acc[rg][2 * np + 1], a[rg], b1);
+      }
+    }
+  }
+}
+
 // P.V of a ragged tile (split_kv.cuh's ragged_from; its first token s): each row group takes each k-step once per
 // query token of its rows, V masked at that token's length and the result kept in that token's rows only
-// (mma_rows_upto). The operands are the plain path's: P's A fragments at pa (mla_tiled_kernel's pa0), V's B fragments
-// by ldmatrix.trans at va (va0 and the stage's offset). It runs on the last tiles of a multi-token item only: the
-// k-steps and query tokens are loops, not unrolled, and the kernel's code stays small.
+// (mma_rows_upto). The operands are mla_tiled_pv's (v_addr: the stage's). It runs on the last tiles of a multi-token
+// item only: the k-steps and query tokens are loops, not unrolled, and the kernel's code stays small.
 template <typename T, int DL, int DK, int BN, int NV>
-__device__ __forceinline__ void mla_tiled_pv_ragged(float (&acc)[4][NV][4], SmemAddr pa, SmemAddr va, int pch,
-                                                    int vch, int sw, const WorkItem& wi, const MlaParams& p, int cap,
-                                                    int s, int g, int t) {
-  constexpr int PCH = BN / 8;
+__device__ __forceinline__ void mla_tiled_pv_ragged(float (&acc)[4][NV][4], SmemAddr p_addr, SmemAddr v_addr,
+                                                    int p_chunk, int v_chunk, int ld_row, const WorkItem& wi,
+                                                    const MlaParams& p, int cap, int s, int lane_row, int lane_col) {
 #pragma unroll 1
   for (int ks = 0; ks < BN / 16; ++ks) {
 #pragma unroll
     for (int rg = 0; rg < 4; ++rg) {
       if (16 * rg >= wi.n) continue;
       uint32_t a[4];
-      ldmatrix_x4<false>(a, pa + (rg * 16 * BN + 8 * ((2 * ks + pch) ^ swizzle_of<PCH>(sw))) *
-                                     static_cast<int>(sizeof(T)));
+      ldmatrix_x4<false>(a, p_addr + (rg * 16 * BN + 8 * ((2 * ks + p_chunk) ^ swizzle_of<BN / 8>(ld_row))) *
+                                         static_cast<int>(sizeof(T)));
       const int last = wi.token(min(16 * rg + 15, wi.n - 1), p.H);
-      const int mine0 = wi.token(16 * rg + g, p.H), mine1 = wi.token(16 * rg + g + 8, p.H);
+      const int mine0 = wi.token(16 * rg + lane_row, p.H), mine1 = wi.token(16 * rg + lane_row + 8, p.H);
 #pragma unroll 1
       for (int q = wi.token(16 * rg, p.H); q <= last; ++q) {  // warp-uniform
         const int lim = clamp_len(p.seq_lens[q], cap) - (s + 16 * ks);
 #pragma unroll
         for (int np = 0; np < NV / 2; ++np) {
           uint32_t b[4];
-          ldmatrix_x4<true>(b, va + (16 * ks * DK + 8 * ((vch + 2 * np) ^ sw)) * static_cast<int>(sizeof(T)));
+          ldmatrix_x4<true>(b, v_addr + (16 * ks * DK + 8 * ((v_chunk + 2 * np) ^ ld_row)) *
+                                            static_cast<int>(sizeof(T)));
           const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          mma_rows_upto<T, 1>(acc[rg][2 * np], a, a, b0, lim, t, mine0 == q, mine1 == q);
-          mma_rows_upto<T, 1>(acc[rg][2 * np + 1], a, a, b1, lim, t, mine0 == q, mine1 == q);
+          mma_rows_upto<T, 1>(acc[rg][2 * np], a, a, b0, lim, lane_col, mine0 == q, mine1 == q);
+          mma_rows_upto<T, 1>(acc[rg][2 * np + 1], a, a, b1, lim, lane_col, mine0 == q, mine1 == q);
         }
       }
     }
   }
 }
 
-template <typename T, int DL, int DR, int BN, bool F8>
-__global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaParams p) {
-  constexpr int DK = DL + DR, CH = DK / 8, PCH = BN / 8;  // chunks of a KV (and Q) row, of a P row
-  constexpr int KST = F8 ? 1 : 2, CH8 = DK / 16;          // 16-bit KV stages; 16-byte chunks of an e4m3 row
-  constexpr int NT = BN / 16;                             // score n-tiles of 8 tokens per warp (half the tile)
-  constexpr int NV = DL / 64;                             // P.V n-tiles of 8 columns per warp (DL / 8 columns)
-  constexpr int TPR = 32 * kMlaTiledWarps / BN;           // copying threads per KV row
-  static_assert(DL % 256 == 0 && DR % 64 == 0 && (BN == 32 || BN == 64), "latent 256 / 512, rope 0 / 64");
-  static_assert(CH % 8 == 0 && CH % TPR == 0 && NT % 2 == 0 && NV % 2 == 0, "tile shapes");
-  const int item = blockIdx.x;
-  const WorkItem wi = work_item(p.work, item);
-  if (wi.b < 0) return;
-  const int seq = wi.b, j0 = wi.begin, j1 = wi.end, nrows = wi.n;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
-  // a block's row r: its query row and its partial's row
-  auto qrow = [&](int r) { return static_cast<int64_t>(wi.token(r, p.H)) * p.H + wi.head(r, p.H); };
-  auto orow = [&](int r) { return static_cast<int64_t>(item) * kMlaRows + r; };
-
-  DCP_DYNAMIC_SMEM(float, smem);
-  T* sQ = reinterpret_cast<T*>(smem);   // [64][DK]
-  T* sKV = sQ + kMlaRows * DK;          // [KST][BN][DK]
-  T* sP = sKV + KST * BN * DK;          // [64][BN]
-  unsigned char* sRaw = reinterpret_cast<unsigned char*>(sP + kMlaRows * BN);  // F8: [2][BN][DK] e4m3, unswizzled
-  float* sMax = reinterpret_cast<float*>(sRaw + (F8 ? 2 * BN * DK : 0));  // [2][64]: the halves' row maxima; then m
-  float* sSum = sMax + 2 * kMlaRows;    // [2][64]: the halves' row sums, at the end
-  float* sAlpha = sSum + 2 * kMlaRows;  // [64]: this tile's rescale of each row
-  int* sValid = reinterpret_cast<int*>(sAlpha + kMlaRows);  // [2][BN]: whether a stage's token was read
-
-  const int tiles = j1 > j0 ? (j1 - j0 + BN - 1) / BN : 0;
-  const T* kv = static_cast<const T*>(p.kv);  // (a 16-bit cache's)
-  const float scale_log2 = p.k_scale != nullptr ? p.scale_log2 * *p.k_scale : p.scale_log2;
-  const T* q16 = static_cast<const T*>(p.q16);
-  auto row_of = [&](int j) -> int64_t {  // token j's element offset in kv, or -1 when it is not read
-    if (j >= j1) return -1;
-    const int64_t block = p.block_table[seq * p.bt_st + j / p.block_size];
-    return block >= 0 && block < p.num_blocks ? block * p.kv_sb + static_cast<int64_t>(j % p.block_size) * p.kv_st
-                                              : -1;
-  };
-  // Thread tid copies chunks csub, csub + TPR, ... of tile row crow. With 4 threads a row, the 8 lanes of a copy's
-  // phase write 4 chunks of two rows: the odd row takes its chunk pairs in the other order (step i ^ 1), so that the
-  // two rows fill the two halves of 128 bytes of banks (16-bit rows are 128-byte multiples, swizzled with r & 7,
-  // which the two rows share but in bit 0; raw e4m3 rows where they are 128-byte multiples) instead of one half twice.
-  const int crow = tid / TPR, csub = tid % TPR;
-  constexpr bool kPairSteps = TPR == 4;
-  auto issue = [&](int stage, int64_t off) {
-    if constexpr (F8) {  // (off counts elements, which are bytes here)
-      unsigned char* dst = sRaw + (stage * BN + crow) * DK;
-      const unsigned char* src = static_cast<const unsigned char*>(p.kv);
-      constexpr int kSteps = (CH8 + TPR - 1) / TPR;
-      constexpr bool kSwap = kPairSteps && DK % 128 == 0 && kSteps % 2 == 0 && CH8 % TPR == 0;
-#pragma unroll
-      for (int i = 0; i < kSteps; ++i) {
-        const int c = csub + TPR * (kSwap ? i ^ (crow & 1) : i);
-        if (CH8 % TPR == 0 || c < CH8) cp_async16(dst + 16 * c, src + (off >= 0 ? off + 16 * c : 0), off >= 0);
-      }
-    } else {
-      T* dst = sKV + stage * BN * DK;
-      static_assert(!kPairSteps || CH / TPR % 2 == 0, "pairs of copy steps");
-#pragma unroll
-      for (int i = 0; i < CH / TPR; ++i) {
-        const int c = csub + TPR * (kPairSteps ? i ^ (crow & 1) : i);
-        cp_async16(dst + swizzled<CH>(crow, c), kv + (off >= 0 ? off + 8 * c : 0), off >= 0);
-      }
-    }
-    if (csub == 0) sValid[stage * BN + crow] = off >= 0;
-  };
-  // F8: raw stage `stage` (a tile in) converted to T into the 16-bit stage, each 16-byte e4m3 chunk c of a row
-  // becoming its 16-bit chunks 2c and 2c + 1 (swizzled as issue() places them for a 16-bit cache)
-  auto convert = [&](int stage) {
-    const unsigned char* raw = sRaw + stage * BN * DK;
-    constexpr int kThreads = 32 * kMlaTiledWarps;
-#pragma unroll
-    for (int u = 0; u < (BN * CH8 + kThreads - 1) / kThreads; ++u) {
-      const int i = tid + kThreads * u, r = i / CH8, c = i % CH8;
-      if (BN * CH8 % kThreads != 0 && i >= BN * CH8) break;
-      const Pack<unsigned short, 8> x = *reinterpret_cast<const Pack<unsigned short, 8>*>(raw + r * DK + 16 * c);
-      Pairs4 lo, hi;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        lo.v[e] = e4m3x2_to<T>(x.v[e]);
-        hi.v[e] = e4m3x2_to<T>(x.v[4 + e]);
-      }
-      *reinterpret_cast<Pairs4*>(sKV + swizzled<CH>(r, 2 * c)) = lo;
-      *reinterpret_cast<Pairs4*>(sKV + swizzled<CH>(r, 2 * c + 1)) = hi;
-    }
-  };
-
-  for (int i = tid; i < kMlaRows * CH; i += 32 * kMlaTiledWarps) {  // the query rows; rows past nrows are zeros
-    const int r = i / CH, c = i % CH;
-    cp_async16(sQ + swizzled<CH>(r, c), q16 + (r < nrows ? qrow(r) * DK + 8 * c : 0), r < nrows);
-  }
-  if (tiles > 0) issue(0, row_of(j0 + crow));
-  cp_async_commit();
-  int64_t next = row_of(j0 + BN + crow);  // the offset of this thread's row of the tile after the current one
-
-  // ldmatrix row addresses: lane gives row lane % 8 of matrix lane / 8; every row's swizzle is then lane % 8
-  const int mi = lane / 8, sw = lane % 8;
-  const int sg = warp % 4, half = warp / 4;  // score phase: row group, token half
-  // chunk c of this lane's row is at byte (c & ~7 | (c & 7) ^ sw) * 16: 4 bases cover c & 7 = 2 (ks % 4) + bit
-  SmemAddr qa[4], ka[4];
-#pragma unroll
-  for (int v = 0; v < 4; ++v) {
-    const int cq = 2 * v + mi / 2, ck = 2 * v + mi % 2;
-    qa[v] = smem_addr(sQ + (16 * sg + 8 * (mi % 2) + sw) * DK + 8 * (cq ^ sw));
-    ka[v] = smem_addr(sKV + (BN / 2 * half + 8 * (mi / 2) + sw) * DK + 8 * (ck ^ sw));
-  }
-  // P.V: P rows of row group rg at pa + rg * 16 * BN elements; V rows at va + the chunk pair's offset
-  const int pch = mi / 2, vch = DL / 64 * warp + mi / 2;
-  const SmemAddr pa0 = smem_addr(sP + (8 * (mi % 2) + sw) * BN);
-  const SmemAddr va0 = smem_addr(sKV + (8 * (mi % 2) + sw) * DK);
-
-  float acc[4][NV][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int rg = 0; rg < 4; ++rg)
-#pragma unroll
-    for (int n = 0; n < NV; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rg][n][i] = 0.f;
-  const bool score_rows = 16 * sg < nrows;  // warp-uniform: row groups past nrows skip their products
-  // Each row's own length (the query tokens of a sequence share the tile in multi-token decode): this lane's rows
-  // 16 sg + g (+ 8) take tokens whose offset from the lane's first score token of tile k is below lim[r] - k BN.
-  const int cap = p.max_blocks * p.block_size, tok0 = j0 + BN / 2 * half + 2 * t;
-  const int lim[2] = {row_len(wi, 16 * sg + g, p.H, p.seq_lens, cap) - tok0,
-                      row_len(wi, 16 * sg + g + 8, p.H, p.seq_lens, cap) - tok0};
-
-  // Tiles from ragged_from on (multi-token decode: a row group's rows disagree on some of a tile's tokens, always the
-  // last tiles of the item) mask V per query token in P.V (mla_tiled_pv_ragged). The loop runs in two phases, unrolled
-  // (two loops over one step, tile_step): the plain tiles, then the ragged ones; the hot loop holds the plain P.V only.
-  int rag = kNotRagged;
-#pragma unroll
-  for (int rg = 0; rg < 4; ++rg) rag = min(rag, ragged_from(wi, 16 * rg, p.H, p.seq_lens, cap, j1));
-  const int plain_tiles = rag == kNotRagged ? tiles : min(tiles, max(0, (rag - j0) / BN));
-  // One tile: wait for it, issue the next, scores, softmax, P.V (masked per query token when `ragged`).
-  auto tile_step = [&](const int k, auto ragged) {
-    const int stage = k & 1;
-    cp_async_wait<0>();
-    __syncthreads();  // tile k is in; every warp is done with tile k - 1 (its stage, P, rescales)
-    if (k + 1 < tiles) {
-      const int64_t after = row_of(j0 + (k + 2) * BN + crow);
-      issue(stage ^ 1, next);
-      next = after;
-    }
-    cp_async_commit();
-    if constexpr (F8) {
-      convert(stage);
-      __syncthreads();  // the converted tile is in
-    }
-    const int kvo = F8 ? 0 : stage * BN * DK * static_cast<int>(sizeof(T));  // this 16-bit stage's byte offset
-
-    // scores of rows 16 sg + g (+ 8), tokens BN / 2 half + 8 n + 2 t (+ 1)
-    float sc[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) sc[n][i] = 0.f;
-    if (score_rows) {
-#pragma unroll
-      for (int ks = 0; ks < DK / 16; ++ks) {
-        const int cb = ks / 4 * 128;  // bytes of the 8-chunk group of k-step ks
-        uint32_t a[4];
-        ldmatrix_x4<false>(a, qa[ks % 4] + cb);
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4<false>(b, ka[ks % 4] + kvo + np * 16 * DK * static_cast<int>(sizeof(T)) + cb);
-          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          mma_16816<T>(sc[2 * np], a, b0);
-          mma_16816<T>(sc[2 * np + 1], a, b1);
-        }
-      }
-    }
-    const int* valid = sValid + stage * BN + BN / 2 * half;
-    const int lk[2] = {lim[0] - k * BN, lim[1] - k * BN};
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        sc[n][i] = valid[8 * n + 2 * t + (i & 1)] && 8 * n + (i & 1) < lk[i / 2] ? sc[n][i] * scale_log2 : -INFINITY;
-        mx[i / 2] = fmaxf(mx[i / 2], sc[n][i]);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      if (t == 0) sMax[half * kMlaRows + 16 * sg + g + 8 * r] = mx[r];
-    }
-    __syncthreads();  // both halves' maxima are in
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = 16 * sg + g + 8 * r;
-      const float m_new = fmaxf(m[r], fmaxf(sMax[row], sMax[kMlaRows + row]));
-      const float mu = m_new == -INFINITY ? 0.f : m_new;  // no token yet: every P is 0, nothing to rescale
-      const float alpha = exp2f(m[r] - mu);
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const float p0 = exp2f(sc[n][2 * r] - mu), p1 = exp2f(sc[n][2 * r + 1] - mu);
-        sum += p0 + p1;
-        st_shared_u32(sP + swizzled<PCH>(row, NT * half + n) + 2 * t, pack2(from_f32<T>(p0), from_f32<T>(p1)));
-      }
-      l[r] = l[r] * alpha + sum;
-      m[r] = m_new;
-      if (half == 0 && t == 0) sAlpha[row] = alpha;
-    }
-    __syncthreads();  // P and the rescales are in
-
-    // P.V: acc[rg][n] is rows 16 rg + g (+ 8), columns DL / 8 warp + 8 n + 2 t (+ 1)
-#pragma unroll
-    for (int rg = 0; rg < 4; ++rg) {
-      if (16 * rg >= nrows) continue;
-      const float a0 = sAlpha[16 * rg + g], a1 = sAlpha[16 * rg + g + 8];
-#pragma unroll
-      for (int n = 0; n < NV; ++n) {
-        acc[rg][n][0] *= a0;
-        acc[rg][n][1] *= a0;
-        acc[rg][n][2] *= a1;
-        acc[rg][n][3] *= a1;
-      }
-    }
-    if constexpr (!decltype(ragged)::value) {
-#pragma unroll
-      for (int ks = 0; ks < BN / 16; ++ks) {
-        uint32_t a[4][4];
-#pragma unroll
-        for (int rg = 0; rg < 4; ++rg)
-          if (16 * rg < nrows)
-            ldmatrix_x4<false>(a[rg], pa0 + (rg * 16 * BN + 8 * ((2 * ks + pch) ^ swizzle_of<PCH>(sw))) *
-                                                static_cast<int>(sizeof(T)));
-#pragma unroll
-        for (int np = 0; np < NV / 2; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4<true>(b, va0 + kvo + (16 * ks * DK + 8 * ((vch + 2 * np) ^ sw)) * static_cast<int>(sizeof(T)));
-          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-#pragma unroll
-          for (int rg = 0; rg < 4; ++rg) {
-            if (16 * rg >= nrows) continue;
-            mma_16816<T>(acc[rg][2 * np], a[rg], b0);
-            mma_16816<T>(acc[rg][2 * np + 1], a[rg], b1);
-          }
-        }
-      }
-    } else {
-      mla_tiled_pv_ragged<T, DL, DK, BN, NV>(acc, pa0, va0 + kvo, pch, vch, sw, wi, p, cap, j0 + k * BN, g, t);
-    }
-  };
-  int k = 0;
-  for (; k < plain_tiles; ++k) tile_step(k, std::false_type());
-  for (; k < tiles; ++k) tile_step(k, std::true_type());
-
-  // the halves' row sums (same m in both); then each warp writes its columns of every row
+// The sum l of each of this lane's rows (first_row, first_row + 8) over its quad, into sSum[token_half][row]; from
+// token half 0 also the rows' m into sMax.
+__device__ __forceinline__ void mla_tiled_share_row_stats(float (&l)[2], const float (&m)[2], float* sSum, float* sMax,
+                                                          int first_row, int token_half, int lane_col) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int row = 16 * sg + g + 8 * r;
-    if (t == 0) {
-      sSum[half * kMlaRows + row] = l[r];
-      if (half == 0) sMax[row] = m[r];
+    const int row = first_row + 8 * r;
+    if (lane_col == 0) {
+      sSum[token_half * kMlaRows + row] = l[r];
+      if (token_half == 0) sMax[row] = m[r];
     }
   }
-  __syncthreads();
+}
+
+// The normalised partial of every row below nrows (row sums from both halves in sSum, m in sMax), this warp's
+// columns DL / 8 warp + 8 n + 2 lane_col (+ 1); threads 0 .. nrows - 1 the rows' natural LSE.
+template <int DL, int NV>
+__device__ __forceinline__ void mla_tiled_write_partial(const MlaParams& p, int item, int nrows,
+                                                        const float (&acc)[4][NV][4], const float* sMax,
+                                                        const float* sSum, int warp, int lane_row, int lane_col) {
+  // a block's row r: its partial's row
+  auto orow = [&](int r) { return static_cast<int64_t>(item) * kMlaRows + r; };
 #pragma unroll
   for (int rg = 0; rg < 4; ++rg)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = 16 * rg + g + 8 * r;
+      const int row = 16 * rg + lane_row + 8 * r;
       if (row >= nrows) continue;
       float inv, lse;
       finish_row(sMax[row], sSum[row] + sSum[kMlaRows + row], inv, lse);
-      float* o = p.part_o + orow(row) * DL + DL / 8 * warp + 2 * t;
+      float* o = p.part_o + orow(row) * DL + DL / 8 * warp + 2 * lane_col;
 #pragma unroll
       for (int n = 0; n < NV; ++n) {
         o[8 * n] = acc[rg][n][2 * r] * inv;
         o[8 * n + 1] = acc[rg][n][2 * r + 1] * inv;
       }
     }
+  const int tid = threadIdx.x;
   if (tid < nrows) {
     float inv, lse;
     finish_row(sMax[tid], sSum[tid] + sSum[kMlaRows + tid], inv, lse);
     p.part_lse[orow(tid)] = lse;
   }
+}
+
+// The kernel: the query rows and the first tile staged, then per tile its copy ahead, the scores, the softmax (both
+// token halves' maxima exchanged) and P.V; at the end both halves' row sums. A thread of warp `warp`, lane
+// 4 lane_row + lane_col (mma.cuh's g and t), computes scores of rows 16 row_group + lane_row (+ 8) over token half
+// token_half, and P.V of output columns DL / 8 warp + 8 n + 2 lane_col (+ 1) of all 64 rows.
+template <typename T, int DL, int DR, int BN, bool F8>
+__global__ void __launch_bounds__(32 * kMlaTiledWarps, 1) mla_tiled_kernel(MlaParams p) {
+  using S = MlaTiledShape<DL, DR, BN, F8>;
+  constexpr int DK = S::DK, NT = S::kScoreTiles, NV = S::kOutTiles;
+  const int item = blockIdx.x;
+  const WorkItem wi = work_item(p.work, item);
+  if (wi.b < 0) return;
+  const int begin = wi.begin, end = wi.end, nrows = wi.n;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, lane_row = lane / 4, lane_col = lane % 4;
+
+  DCP_DYNAMIC_SMEM(float, smem);
+  T* sQ = reinterpret_cast<T*>(smem);   // [64][DK]
+  T* sKV = sQ + kMlaRows * DK;          // [kStages16][BN][DK]
+  T* sP = sKV + S::kStages16 * BN * DK;  // [64][BN]
+  unsigned char* sRaw = reinterpret_cast<unsigned char*>(sP + kMlaRows * BN);  // F8: [2][BN][DK] e4m3, unswizzled
+  float* sMax = reinterpret_cast<float*>(sRaw + (F8 ? 2 * BN * DK : 0));  // [2][64]: the halves' row maxima; then m
+  float* sSum = sMax + 2 * kMlaRows;    // [2][64]: the halves' row sums, at the end
+  float* sAlpha = sSum + 2 * kMlaRows;  // [64]: this tile's rescale of each row
+  int* sValid = reinterpret_cast<int*>(sAlpha + kMlaRows);  // [2][BN]: whether a stage's token was read
+
+  const int tiles = end > begin ? (end - begin + BN - 1) / BN : 0;
+  const float scale_log2 = p.k_scale != nullptr ? p.scale_log2 * *p.k_scale : p.scale_log2;
+  auto token_offset = [&](int j) -> int64_t {  // token j's element offset in kv, or -1 when it is not read
+    if (j >= end) return -1;
+    const int64_t block = p.block_table[wi.b * p.bt_st + j / p.block_size];
+    return block >= 0 && block < p.num_blocks ? block * p.kv_sb + static_cast<int64_t>(j % p.block_size) * p.kv_st
+                                              : -1;
+  };
+  // this thread copies chunks copy_part + kThreadsPerRow i of tile row copy_row (mla_tiled_copy_row)
+  const int copy_row = tid / S::kThreadsPerRow, copy_part = tid % S::kThreadsPerRow;
+  mla_tiled_stage_query<T, DK>(sQ, p, wi);
+  if (tiles > 0)
+    mla_tiled_copy_row<T, DL, DR, BN, F8>(sKV, sRaw, sValid, 0, token_offset(begin + copy_row), p.kv, copy_row,
+                                          copy_part);
+  cp_async_commit();
+  int64_t next_offset = token_offset(begin + BN + copy_row);  // this thread's row of the tile after the current one
+
+  // ldmatrix row addresses: lane gives row ld_row of matrix ld_matrix; every row's swizzle is then ld_row
+  const int ld_matrix = lane / 8, ld_row = lane % 8;
+  const int row_group = warp % 4, token_half = warp / 4;  // scores: rows 16 row_group .., tokens BN / 2 token_half ..
+  SmemAddr q_addr[4], k_addr[4];
+  mla_tiled_score_bases<DK, BN>(q_addr, k_addr, sQ, sKV, row_group, token_half, ld_matrix, ld_row);
+  // P.V: P rows of row group rg at p_addr + rg * 16 * BN elements; V rows at v_addr + the chunk pair's offset
+  const int p_chunk = ld_matrix / 2, v_chunk = DL / 64 * warp + ld_matrix / 2;
+  const SmemAddr p_addr = smem_addr(sP + (8 * (ld_matrix % 2) + ld_row) * BN);
+  const SmemAddr v_addr = smem_addr(sKV + (8 * (ld_matrix % 2) + ld_row) * DK);
+
+  float acc[4][NV][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int rg = 0; rg < 4; ++rg) zero_fragments(acc[rg]);
+  const bool score_rows = 16 * row_group < nrows;  // warp-uniform: row groups past nrows skip their products
+  // Each row's own length (the query tokens of a sequence share the tile in multi-token decode): this lane's rows
+  // 16 row_group + lane_row (+ 8) take tokens whose offset from the lane's first score token of tile k (first_token
+  // + k BN) is below row_limit[r] - k BN.
+  const int cap = p.max_blocks * p.block_size, first_token = begin + BN / 2 * token_half + 2 * lane_col;
+  const int row_limit[2] = {row_len(wi, 16 * row_group + lane_row, p.H, p.seq_lens, cap) - first_token,
+                            row_len(wi, 16 * row_group + lane_row + 8, p.H, p.seq_lens, cap) - first_token};
+
+  // Tiles from ragged_from on (multi-token decode: a row group's rows disagree on some of a tile's tokens, always the
+  // last tiles of the item) mask V per query token in P.V (mla_tiled_pv_ragged). Two loops over one step
+  // (tile_step): the plain tiles, then the ragged ones; the hot loop holds the plain P.V only.
+  const int plain_tiles = mla_tiled_plain_tiles<BN>(wi, p, cap, tiles);
+  // One tile: wait for it, issue the next, scores, softmax, P.V (masked per query token when `ragged`).
+  auto tile_step = [&](const int k, auto ragged) {
+    const int stage = k & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // tile k is in; every warp is done with tile k - 1 (its stage, P, rescales)
+    if (k + 1 < tiles) {
+      const int64_t after_next = token_offset(begin + (k + 2) * BN + copy_row);
+      mla_tiled_copy_row<T, DL, DR, BN, F8>(sKV, sRaw, sValid, stage ^ 1, next_offset, p.kv, copy_row, copy_part);
+      next_offset = after_next;
+    }
+    cp_async_commit();
+    if constexpr (F8) {
+      mla_tiled_convert<T, DL, DR, BN>(sKV, sRaw, stage, tid);
+      __syncthreads();  // the converted tile is in
+    }
+    const int stage_bytes = F8 ? 0 : stage * BN * DK * static_cast<int>(sizeof(T));  // this 16-bit stage's offset
+
+    // scores of rows 16 row_group + lane_row (+ 8), tokens BN / 2 token_half + 8 n + 2 lane_col (+ 1)
+    float scores[NT][4];
+    zero_fragments(scores);
+    if (score_rows) mla_tiled_scores<T, DK, NT>(scores, q_addr, k_addr, stage_bytes);
+    const int limit[2] = {row_limit[0] - k * BN, row_limit[1] - k * BN};
+    mla_tiled_mask_and_max<NT>(scores, sValid + stage * BN + BN / 2 * token_half, limit, scale_log2,
+                               sMax + token_half * kMlaRows, 16 * row_group + lane_row, lane_col);
+    __syncthreads();  // both halves' maxima are in
+    mla_tiled_probabilities<T, BN, NT>(scores, m, l, sP, sMax, sAlpha, 16 * row_group + lane_row, tid, lane_col);
+    __syncthreads();  // P and the rescales are in
+    mla_tiled_rescale<NV>(acc, sAlpha, nrows, lane_row);
+    if constexpr (!decltype(ragged)::value)
+      mla_tiled_pv<T, DK, BN, NV>(acc, p_addr, v_addr + stage_bytes, p_chunk, v_chunk, ld_row, nrows);
+    else
+      mla_tiled_pv_ragged<T, DL, DK, BN, NV>(acc, p_addr, v_addr + stage_bytes, p_chunk, v_chunk, ld_row, wi, p, cap,
+                                             begin + k * BN, lane_row, lane_col);
+  };
+  int k = 0;
+  for (; k < plain_tiles; ++k) tile_step(k, std::false_type());
+  for (; k < tiles; ++k) tile_step(k, std::true_type());
+
+  // the halves' row sums (same m in both); then each warp writes its columns of every row
+  mla_tiled_share_row_stats(l, m, sSum, sMax, 16 * row_group + lane_row, token_half, lane_col);
+  __syncthreads();
+  mla_tiled_write_partial<DL, NV>(p, item, nrows, acc, sMax, sSum, warp, lane_row, lane_col);
 }
 
 // The token tile the tiled kernel takes with this much shared memory (64, else 32), or 0 when it does not run.

@@ -44,6 +44,7 @@
 #include "kernels/cp_async.cuh"
 #include "kernels/mla_decode.cuh"
 #include "kernels/mla_decode_tiled.cuh"
+#include "kernels/mla_fp8_tile.cuh"
 #include "kernels/mma.cuh"
 #include "kernels/wgmma.cuh"
 
@@ -252,24 +253,11 @@ struct MlaWgmmaBlock {
     }
   }
 
-  // F8: raw stage `stage` (a tile in) converted exactly to T into the 16-bit stage: e4m3 chunk c of a row (dims
-  // 16c .. 16c + 15) becomes 16-bit chunks 2c and 2c + 1.
+  // F8: raw stage `stage` (a tile in) converted exactly to T into the 16-bit stage (convert_e4m3_rows), in its
+  // column blocks.
   __device__ __forceinline__ void convert(int stage) const {
-    const unsigned char* raw = sRaw + stage * BN * DK;
-#pragma unroll
-    for (int u = 0; u < (BN * CH8 + kMlaWgmmaThreads - 1) / kMlaWgmmaThreads; ++u) {
-      const int i = tid + kMlaWgmmaThreads * u, r = i / CH8, c = i % CH8;
-      if (BN * CH8 % kMlaWgmmaThreads != 0 && i >= BN * CH8) break;
-      const Pack<unsigned short, 8> x = *reinterpret_cast<const Pack<unsigned short, 8>*>(raw + r * DK + 16 * c);
-      Pairs4 lo, hi;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        lo.v[e] = e4m3x2_to<T>(x.v[e]);
-        hi.v[e] = e4m3x2_to<T>(x.v[4 + e]);
-      }
-      *reinterpret_cast<Pairs4*>(sKV + block_swizzled<BN>(r, 2 * c)) = lo;
-      *reinterpret_cast<Pairs4*>(sKV + block_swizzled<BN>(r, 2 * c + 1)) = hi;
-    }
+    convert_e4m3_rows<T, BN, DK, kMlaWgmmaThreads>(sKV, sRaw, stage, tid,
+                                                   [](int r, int c) { return block_swizzled<BN>(r, c); });
   }
 
   // S = Q K^T over this warpgroup's token half of the stage at byte offset kv_bytes from sKV: DK / 16 k-steps,
