@@ -141,6 +141,7 @@ struct Block {
   std::vector<uint64_t> warp_slots;  // one 64-bit slot per thread for shuffles and votes
   const std::function<void()>* body = nullptr;
   std::vector<int> order;  // the order the run loop visits the fibers in (the schedule)
+  size_t cursor = 0;       // the run loop's position in `order` (released)
   std::mt19937_64 rng;
   // cp.async destinations by warp and issue index: the k-th copy of each lane of a warp is one warp instruction
   std::vector<std::vector<std::vector<uintptr_t>>> warp_copies;
@@ -170,18 +171,14 @@ inline void fiber_entry() {
   swapcontext(&b.fibers[b.current].ctx, &b.sched);
 }
 
-// Runs one block of `block` threads to completion.
-inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block, const std::function<void()>& body) {
+// One fiber per thread of the block, each on its own stack, entering the kernel body (fiber_entry) when first run.
+inline void start_fibers(Block& b, const dim3& block) {
   constexpr size_t kStack = 256 * 1024;
   const int n = static_cast<int>(block.x * block.y * block.z);
-  std::fill(g_dynamic_smem.begin(), g_dynamic_smem.end(), 0xff);  // poisoned: a read before a write shows
-  Block b;
-  b.body = &body;
   b.fibers.resize(n);
   b.warp_slots.assign(n, 0);
   b.warp_copies.resize((n + kWarp - 1) / kWarp);
   b.copies_issued.assign(n, 0);
-  g_block = &b;
   for (int i = 0; i < n; ++i) {
     Fiber& f = b.fibers[i];
     f.linear = i;
@@ -193,101 +190,125 @@ inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_entry, 0);
   }
-  auto live = [&](int i) { return b.fibers[i].state != State::Done; };
-  b.order.resize(n);
+}
+
+// The order the run loop visits the fibers in, by the schedule: thread order, reversed, or shuffled (seeded per block,
+// and again at every release).
+inline void order_fibers(Block& b, const dim3& block_idx, const dim3& grid) {
+  b.order.resize(b.fibers.size());
   std::iota(b.order.begin(), b.order.end(), 0);
   if (g_schedule.kind == Schedule::Reverse) std::reverse(b.order.begin(), b.order.end());
   b.rng.seed(g_schedule.seed * 0x9E3779B97F4A7C15ull + (block_idx.z * grid.y + block_idx.y) * grid.x + block_idx.x);
   if (g_schedule.kind == Schedule::Random) std::shuffle(b.order.begin(), b.order.end(), b.rng);
-  // Every fiber at an order position before `cursor` waits or is done: only a release makes a fiber runnable again,
-  // and a release sends the cursor back to the start, so the first runnable fiber in the order always runs next
-  // (the warp released first runs ahead of the others until its next barrier).
-  size_t cursor = 0;
-  auto released = [&] {
-    if (g_schedule.kind == Schedule::Random) std::shuffle(b.order.begin(), b.order.end(), b.rng);
-    cursor = 0;
-  };
-  // Releases warp w when every live lane of it waits at a warp operation.
-  auto try_release_warp = [&](int w) {
-    bool all = true, any = false;
-    for (int i = w * kWarp; i < std::min(n, (w + 1) * kWarp); ++i) {
-      if (!live(i)) continue;
-      any = true;
-      all &= b.fibers[i].state == State::WaitWarp;
-    }
-    if (!any || !all) return;
-    for (int i = w * kWarp; i < std::min(n, (w + 1) * kWarp); ++i)
-      if (live(i)) b.fibers[i].state = State::Runnable;
-    released();
-  };
-  // Releases warpgroup w when all 128 of its threads wait at the same warpgroup operation. Once no thread of it can
-  // still arrive (each waits there or has exited), an exited thread, a block too small to hold the group, or two
-  // operations is an error: the operations are .sync.aligned over the whole warpgroup.
-  auto try_release_group = [&](int w) {
-    const int lo = w * kWarpgroup, hi = std::min(n, lo + kWarpgroup);
-    int waiting = 0, done = 0;
-    for (int i = lo; i < hi; ++i) {
-      waiting += b.fibers[i].state == State::WaitGroup;
-      done += b.fibers[i].state == State::Done;
-    }
-    if (waiting == 0 || waiting + done < hi - lo) return;
-    const char* op = nullptr;
-    for (int i = lo; i < hi && !b.error; ++i) {
-      const Fiber& f = b.fibers[i];
-      if (f.state != State::WaitGroup) continue;
-      if (op != nullptr && std::strcmp(op, f.group_op) != 0)
-        b.error = std::make_exception_ptr(std::runtime_error(
-            std::string("simt: warpgroup divergence: threads of warpgroup ") + std::to_string(w) + " wait at " + op +
-            " and at " + f.group_op));
-      op = f.group_op;
-    }
-    if (!b.error && (done > 0 || hi - lo < kWarpgroup))
+}
+
+// Every fiber at an order position before b.cursor waits or is done: only a release makes a fiber runnable again,
+// and a release sends the cursor back to the start, so the first runnable fiber in the order always runs next
+// (the warp released first runs ahead of the others until its next barrier).
+inline void released(Block& b) {
+  if (g_schedule.kind == Schedule::Random) std::shuffle(b.order.begin(), b.order.end(), b.rng);
+  b.cursor = 0;
+}
+
+// Releases warp w when every live lane of it waits at a warp operation.
+inline void try_release_warp(Block& b, int w) {
+  const int n = static_cast<int>(b.fibers.size());
+  bool all = true, any = false;
+  for (int i = w * kWarp; i < std::min(n, (w + 1) * kWarp); ++i) {
+    if (b.fibers[i].state == State::Done) continue;
+    any = true;
+    all &= b.fibers[i].state == State::WaitWarp;
+  }
+  if (!any || !all) return;
+  for (int i = w * kWarp; i < std::min(n, (w + 1) * kWarp); ++i)
+    if (b.fibers[i].state != State::Done) b.fibers[i].state = State::Runnable;
+  released(b);
+}
+
+// Releases warpgroup w when all 128 of its threads wait at the same warpgroup operation. Once no thread of it can
+// still arrive (each waits there or has exited), an exited thread, a block too small to hold the group, or two
+// operations is an error: the operations are .sync.aligned over the whole warpgroup.
+inline void try_release_group(Block& b, int w) {
+  const int n = static_cast<int>(b.fibers.size());
+  const int lo = w * kWarpgroup, hi = std::min(n, lo + kWarpgroup);
+  int waiting = 0, done = 0;
+  for (int i = lo; i < hi; ++i) {
+    waiting += b.fibers[i].state == State::WaitGroup;
+    done += b.fibers[i].state == State::Done;
+  }
+  if (waiting == 0 || waiting + done < hi - lo) return;
+  const char* op = nullptr;
+  for (int i = lo; i < hi && !b.error; ++i) {
+    const Fiber& f = b.fibers[i];
+    if (f.state != State::WaitGroup) continue;
+    if (op != nullptr && std::strcmp(op, f.group_op) != 0)
       b.error = std::make_exception_ptr(std::runtime_error(
-          std::string("simt: warpgroup divergence: ") + op + " needs all 128 threads of warpgroup " + std::to_string(w) +
-          ", but " + std::to_string(kWarpgroup - waiting) + " of them " +
-          (done > 0 ? "exited" : "are outside the block (" + std::to_string(n) + " threads)")));
-    if (b.error) return;
-    for (int i = lo; i < hi; ++i) b.fibers[i].state = State::Runnable;
-    released();
-  };
+          std::string("simt: warpgroup divergence: threads of warpgroup ") + std::to_string(w) + " wait at " + op +
+          " and at " + f.group_op));
+    op = f.group_op;
+  }
+  if (!b.error && (done > 0 || hi - lo < kWarpgroup))
+    b.error = std::make_exception_ptr(std::runtime_error(
+        std::string("simt: warpgroup divergence: ") + op + " needs all 128 threads of warpgroup " + std::to_string(w) +
+        ", but " + std::to_string(kWarpgroup - waiting) + " of them " +
+        (done > 0 ? "exited" : "are outside the block (" + std::to_string(n) + " threads)")));
+  if (b.error) return;
+  for (int i = lo; i < hi; ++i) b.fibers[i].state = State::Runnable;
+  released(b);
+}
+
+// No fiber can run: the block is finished (true), or every live thread waits at __syncthreads() and all are released,
+// or it is an error (a barrier some thread exited before, or a deadlock), recorded in b.error.
+inline bool release_block(Block& b) {
+  const int n = static_cast<int>(b.fibers.size());
+  int done = 0, at_block = 0, at_warp = 0, at_group = 0;
+  for (int i = 0; i < n; ++i) {
+    done += b.fibers[i].state == State::Done;
+    at_block += b.fibers[i].state == State::WaitBlock;
+    at_warp += b.fibers[i].state == State::WaitWarp;
+    at_group += b.fibers[i].state == State::WaitGroup;
+  }
+  if (done == n) return true;
+  if (at_block > 0 && at_block + done == n && done == 0) {
+    for (auto& f : b.fibers) f.state = State::Runnable;
+    released(b);
+    return false;
+  }
+  b.error = std::make_exception_ptr(std::runtime_error(
+      at_block > 0 && at_block + done == n
+          ? "simt: __syncthreads() divergence: " + std::to_string(done) + " thread(s) of the block exited while " +
+                std::to_string(at_block) + " wait at the barrier"
+          : "simt: deadlock: no thread can run (threads wait at barriers that can never release: " +
+                std::to_string(at_block) + " at __syncthreads, " + std::to_string(at_warp) + " at warp operations, " +
+                std::to_string(at_group) + " at warpgroup operations)"));
+  return false;
+}
+
+// Runs one block of `block` threads to completion: the first runnable fiber in the order runs until it waits or
+// exits, then the warp or warpgroup it waits with is released if complete; when none can run, the block barrier.
+inline void run_block(const dim3& block_idx, const dim3& grid, const dim3& block, const std::function<void()>& body) {
+  std::fill(g_dynamic_smem.begin(), g_dynamic_smem.end(), 0xff);  // poisoned: a read before a write shows
+  Block b;
+  b.body = &body;
+  g_block = &b;
+  start_fibers(b, block);
+  order_fibers(b, block_idx, grid);
   g.blockIdx = block_idx;
   g.blockDim = block;
   g.gridDim = grid;
   while (!b.error) {
-    while (cursor < b.order.size() && b.fibers[b.order[cursor]].state != State::Runnable) ++cursor;
-    if (cursor < b.order.size()) {
-      const int i = b.order[cursor];
-      b.current = i;
-      g.threadIdx = b.fibers[i].tid;
-      swapcontext(&b.sched, &b.fibers[i].ctx);
-      const State s = b.fibers[i].state;
-      if (s != State::WaitBlock) try_release_warp(i / kWarp);
-      if (s == State::WaitGroup || s == State::Done) try_release_group(i / kWarpgroup);
+    while (b.cursor < b.order.size() && b.fibers[b.order[b.cursor]].state != State::Runnable) ++b.cursor;
+    if (b.cursor == b.order.size()) {
+      if (release_block(b)) break;
       continue;
     }
-    int done = 0, at_block = 0, at_warp = 0, at_group = 0;
-    for (int i = 0; i < n; ++i) {
-      done += b.fibers[i].state == State::Done;
-      at_block += b.fibers[i].state == State::WaitBlock;
-      at_warp += b.fibers[i].state == State::WaitWarp;
-      at_group += b.fibers[i].state == State::WaitGroup;
-    }
-    if (done == n) break;
-    if (at_block > 0 && at_block + done == n) {
-      if (done > 0) {
-        b.error = std::make_exception_ptr(std::runtime_error(
-            "simt: __syncthreads() divergence: " + std::to_string(done) + " thread(s) of the block exited while " +
-            std::to_string(at_block) + " wait at the barrier"));
-        break;
-      }
-      for (auto& f : b.fibers) f.state = State::Runnable;
-      released();
-      continue;
-    }
-    b.error = std::make_exception_ptr(std::runtime_error(
-        "simt: deadlock: no thread can run (threads wait at barriers that can never release: " +
-        std::to_string(at_block) + " at __syncthreads, " + std::to_string(at_warp) + " at warp operations, " +
-        std::to_string(at_group) + " at warpgroup operations)"));
+    const int i = b.order[b.cursor];
+    b.current = i;
+    g.threadIdx = b.fibers[i].tid;
+    swapcontext(&b.sched, &b.fibers[i].ctx);
+    const State s = b.fibers[i].state;
+    if (s != State::WaitBlock) try_release_warp(b, i / kWarp);
+    if (s == State::WaitGroup || s == State::Done) try_release_group(b, i / kWarpgroup);
   }
   for (const auto& warp : b.warp_copies)  // each cp.async warp instruction: 4 phases of 8 lanes x 16 bytes
     for (const auto& inst : warp)
