@@ -84,10 +84,13 @@ def launched(geo: dict, arch: str, smem_optin: int = 0) -> Optional[bool]:
     """Whether the launchers take this instantiation on an `arch` device with smem_optin bytes of shared memory a
     block (0: the arch's flagship's, A100 / H100 / B200) for its op, dims and precision (16-bit query), by the one
     decision they make (cuda/split_choice.h, through _C.split_choice); GQA for geo's rows per KV head. None where
-    the built dcp_ops._C has no CUDA sources. The MLA wgmma pass follows DCP_OPS_MLA_WGMMA as the launchers do."""
+    dcp_ops._C is not built or has no CUDA sources. The MLA wgmma pass follows DCP_OPS_MLA_WGMMA as the launchers do."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
-    from dcp_ops import _C
+    try:
+        from dcp_ops import _C
+    except ImportError:  # not built here: the SASS can still be read, without the launchers' choice
+        return None
     if not hasattr(_C, "split_choice"):
         return None
     dims = [int(x) for x in geo["dims"].split("+")] + [0]
