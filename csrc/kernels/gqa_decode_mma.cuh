@@ -243,32 +243,34 @@ __device__ __forceinline__ void gqa_softmax(uint32_t (&ph)[4], uint32_t (&pl)[4]
   if (!ROWS16) ph[1] = pl[1] = ph[3] = pl[3] = 0u;
 }
 
-// Value chunk h of the lane's 4 tokens as T pairs (chunk_pairs): v[u][e] is token 8u + 2t + e's, the words P.V pairs
-// into n-tiles (h, 0 .. 7).
-template <typename T, bool F8, int N>
-__device__ __forceinline__ void value_pairs(const uint32_t (&vw)[2][2][N], int h, uint32_t (&v)[2][2][4]) {
-#pragma unroll
-  for (int u = 0; u < 2; ++u)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) chunk_pairs<T, F8>(vw[u][e], h, v[u][e]);
-}
-
-// P.V of a plain step (every row attends every token read): n-tile (h, j), column g = head dim 8 value_chunk(g, h)
-// + j; k = tokens 2t, 2t+1 | 2t+8, 2t+9, paired from the value chunks (as T pairs) by byte permutes.
-template <typename T, int PT, int VH, bool F8>
-__device__ __forceinline__ void gqa_pv(float (&acc)[8 * VH][4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
-                                       const uint32_t (&vw)[2][2][VH * kChunkWords<F8>]) {
+// The B fragments of P.V, n-tile by n-tile: product(n, b) for n-tile n = (h, j), column g = head dim
+// 8 value_chunk(g, h) + j, k = tokens 2t, 2t+1 | 2t+8, 2t+9, paired from the value chunks of the lane's 4 tokens (as T
+// pairs, chunk_pairs) by byte permutes.
+template <typename T, bool F8, int VH, int N, typename Product>
+__device__ __forceinline__ void for_each_value_tile(const uint32_t (&vw)[2][2][N], Product&& product) {
 #pragma unroll
   for (int h = 0; h < VH; ++h) {
-    uint32_t v[2][2][4];
-    value_pairs<T, F8>(vw, h, v);
+    uint32_t v[2][2][4];  // v[u][e]: token 8u + 2t + e's chunk
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) chunk_pairs<T, F8>(vw[u][e], h, v[u][e]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint32_t b[2] = {pair_rows(v[0][0], v[0][1], j), pair_rows(v[1][0], v[1][1], j)};
-      mma_16816<T>(acc[8 * h + j], ph, b);
-      if constexpr (PT == 2) mma_16816<T>(acc[8 * h + j], pl, b);
+      product(8 * h + j, b);
     }
   }
+}
+
+// P.V of a plain step (every row attends every token read), over for_each_value_tile's n-tiles.
+template <typename T, int PT, int VH, bool F8>
+__device__ __forceinline__ void gqa_pv(float (&acc)[8 * VH][4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
+                                       const uint32_t (&vw)[2][2][VH * kChunkWords<F8>]) {
+  for_each_value_tile<T, F8, VH>(vw, [&](int n, const uint32_t (&b)[2]) {
+    mma_16816<T>(acc[n], ph, b);
+    if constexpr (PT == 2) mma_16816<T>(acc[n], pl, b);
+  });
 }
 
 // P.V of a ragged step (split_kv.cuh's ragged_from; its first token s): once per query token of the tile's rows, P
@@ -282,16 +284,9 @@ __device__ __forceinline__ void gqa_pv_ragged(float (&acc)[8 * VH][4], const uin
 #pragma unroll 1
   for (int q = wi.token(0, G); q <= last; ++q) {  // warp-uniform
     const int lim = clamp_len(seq_lens[q], cap) - s;
-#pragma unroll
-    for (int h = 0; h < VH; ++h) {
-      uint32_t v[2][2][4];
-      value_pairs<T, F8>(vw, h, v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t b[2] = {pair_rows(v[0][0], v[0][1], j), pair_rows(v[1][0], v[1][1], j)};
-        mma_rows_upto<T, PT>(acc[8 * h + j], ph, pl, b, lim, t, mine0 == q, mine1 == q);
-      }
-    }
+    for_each_value_tile<T, F8, VH>(vw, [&](int n, const uint32_t (&b)[2]) {
+      mma_rows_upto<T, PT>(acc[n], ph, pl, b, lim, t, mine0 == q, mine1 == q);
+    });
   }
 }
 
