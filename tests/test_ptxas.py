@@ -236,3 +236,37 @@ def test_sass_budget_of_the_wgmma_mla_kernel(wgmma_budget):
                                        "token-head (2026-12-07), the target 0.9")
 def test_wgmma_mla_kernel_meets_the_instruction_target(wgmma_budget):
     assert wgmma_budget["warp_instructions_per_token_head"] <= 0.9
+
+
+# The SASS each barrier wrapper (kernels/barriers.cuh) must become in the self-test kernels that the executor runs
+# (tests/simt/selftest_kernels.cuh), by arch: the wrappers' PTX assembles, and into the instruction named.
+BARRIER_SASS = {
+    "named_handoff": {"sm_80": ["BAR.ARV", "BAR.SYNC"], "sm_90a": ["BAR.ARV", "BAR.SYNC"]},
+    "cp_async_arrive": {"sm_80": ["LDGSTS.E.BYPASS.128", "ARRIVES.LDGSTSBAR.64"],  # sm_80: mbarriers by LDS / ATOMS
+                        "sm_90a": ["LDGSTS.E.BYPASS.128", "ARRIVES.LDGSTSBAR.64", "SYNCS.EXCH.64",
+                                   "SYNCS.PHASECHK.TRANS64.TRYWAIT"]},
+    "mbarrier_ring": {"sm_90a": ["SYNCS.EXCH.64", "SYNCS.ARRIVE.TRANS64", "UBLKCP.S.G",
+                                 "SYNCS.PHASECHK.TRANS64.TRYWAIT"]},
+}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_barrier_wrappers_assemble_to_their_instructions(arch, tmp_path):
+    nvcc = NVCC if os.path.isfile(NVCC) else shutil.which("nvcc")
+    tool = _cuobjdump()
+    if nvcc is None or tool is None:
+        pytest.skip("nvcc or cuobjdump not found")
+    src = tmp_path / "barriers.cu"
+    src.write_text('#include "simt/selftest_kernels.cuh"\n')
+    cubin = tmp_path / "barriers.cubin"
+    res = subprocess.run([nvcc, "-cubin", str(src), "-o", str(cubin), f"-arch={arch}", "-O3", "-std=c++17", "-I",
+                          os.path.join(ROOT, "csrc"), "-I", os.path.join(ROOT, "tests")], capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    functions = {fn.split("\n", 1)[0]: fn for fn in re.split(r"\n\s*Function : ", sass)[1:]}
+    for kernel, by_arch in BARRIER_SASS.items():
+        fn = next((body for name, body in functions.items() if kernel in name), None)
+        assert fn is not None, f"{arch}: {kernel} not compiled"
+        for op in by_arch.get(arch, []):
+            assert op in fn, f"{arch}: no {op} in {kernel}"

@@ -17,6 +17,9 @@
 //     writes them to shared memory only when a cp.async.wait_group retires its commit group (in commit order), so a
 //     read before the wait sees whatever was there: poison, or an older tile. wgmma.mma_async likewise reads its
 //     operands and writes its accumulators only when a wgmma.wait_group retires its group (simt/wgmma.h).
+//   - Named barriers and mbarriers (simt/barriers.h): work attached to an mbarrier (bulk copies, cp.async arrivals)
+//     lands when a thread waits on it and nothing else can run (`forward`), at its issue (`reverse`), or either
+//     (`random`), so both a read without a wait and a copy into a buffer still being read show.
 //   - Bank conflicts. The warp-wide shared accesses the executor performs (ldmatrix, and the stores routed through
 //     st_shared_u32) are counted in g_bank_stats, cp.async's writes (the k-th copy of each lane of a warp taken as
 //     one instruction) in g_async_bank_stats: requests, wavefronts, and the fewest wavefronts their sizes allow.
@@ -76,7 +79,7 @@ constexpr int kWarp = 32;
 
 constexpr int kWarpgroup = 128;  // 4 consecutive warps: the unit of wgmma
 
-enum class State { Runnable, WaitBlock, WaitWarp, WaitGroup, Done };
+enum class State { Runnable, WaitBlock, WaitWarp, WaitGroup, WaitBarrier, Done };  // WaitBarrier: simt/barriers.h
 
 // One 16-byte cp.async in flight: its destination and the source bytes read at issue.
 struct AsyncCopy {
@@ -147,6 +150,7 @@ struct Block {
   std::vector<std::vector<std::vector<uintptr_t>>> warp_copies;
   std::vector<int> copies_issued;  // per thread
   std::shared_ptr<void> wgmma;     // the warpgroups' wgmma state (simt/wgmma.h), made at the block's first use
+  std::shared_ptr<void> barriers;  // named barriers and mbarriers (simt/barriers.h), made at the first use
 };
 inline thread_local Block* g_block = nullptr;
 
@@ -257,18 +261,23 @@ inline void try_release_group(Block& b, int w) {
   released(b);
 }
 
-// No fiber can run: the block is finished (true), or every live thread waits at __syncthreads() and all are released,
-// or it is an error (a barrier some thread exited before, or a deadlock), recorded in b.error.
+inline bool land_for_waiters(Block& b);  // simt/barriers.h
+
+// No fiber can run: the block is finished (true), or asynchronous work that threads wait on lands (simt/barriers.h),
+// or every live thread waits at __syncthreads() and all are released, or it is an error (a barrier some thread exited
+// before, or a deadlock), recorded in b.error.
 inline bool release_block(Block& b) {
   const int n = static_cast<int>(b.fibers.size());
-  int done = 0, at_block = 0, at_warp = 0, at_group = 0;
+  int done = 0, at_block = 0, at_warp = 0, at_group = 0, at_barrier = 0;
   for (int i = 0; i < n; ++i) {
     done += b.fibers[i].state == State::Done;
     at_block += b.fibers[i].state == State::WaitBlock;
     at_warp += b.fibers[i].state == State::WaitWarp;
     at_group += b.fibers[i].state == State::WaitGroup;
+    at_barrier += b.fibers[i].state == State::WaitBarrier;
   }
   if (done == n) return true;
+  if (at_barrier > 0 && land_for_waiters(b)) return false;
   if (at_block > 0 && at_block + done == n && done == 0) {
     for (auto& f : b.fibers) f.state = State::Runnable;
     released(b);
@@ -280,7 +289,8 @@ inline bool release_block(Block& b) {
                 std::to_string(at_block) + " wait at the barrier"
           : "simt: deadlock: no thread can run (threads wait at barriers that can never release: " +
                 std::to_string(at_block) + " at __syncthreads, " + std::to_string(at_warp) + " at warp operations, " +
-                std::to_string(at_group) + " at warpgroup operations)"));
+                std::to_string(at_group) + " at warpgroup operations, " + std::to_string(at_barrier) +
+                " at named barriers or mbarriers)"));
   return false;
 }
 
@@ -478,6 +488,7 @@ inline unsigned ballot(bool p) {
 }  // namespace dcp_ops::simt
 
 #include "simt/wgmma.h"
+#include "simt/barriers.h"
 
 #define threadIdx (::dcp_ops::simt::g.threadIdx)
 #define blockIdx (::dcp_ops::simt::g.blockIdx)

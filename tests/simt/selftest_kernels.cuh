@@ -1,7 +1,8 @@
 // Kernels that test the SIMT executor itself: warp shuffles, shared memory + barriers, atomics, a missing barrier,
-// cp.async, bank counting, wgmma.
+// cp.async, bank counting, wgmma, named barriers and mbarriers.
 #pragma once
 
+#include "kernels/barriers.cuh"
 #include "kernels/common.cuh"
 #include "kernels/cp_async.cuh"
 #include "kernels/mma.cuh"
@@ -168,6 +169,82 @@ __global__ void wgmma_steps(const unsigned char* image, int bytes, const int64_t
 __global__ void wgmma_desc(int offset, int swizzle, int lbo, int sbo, int64_t* out) {
   DCP_DYNAMIC_SMEM(unsigned char, smem);
   *out = static_cast<int64_t>(dcp_ops::kernels::make_smem_desc(smem + offset, swizzle, lbo, sbo));
+}
+
+// The bytes of mbarrier_ring's barriers, rounded up to 16 (the buffers after them are 16-byte aligned).
+__host__ __device__ constexpr int ring_head(int stages) { return (2 * stages * 8 + 15) / 16 * 16; }
+
+// A ring of `stages` shared buffers of `chunk` floats between one producer (thread 0, bulk copies) and the
+// consumers (threads 32 .. blockDim.x - 1): full[s] takes the producer's arrival and the copy's bytes, empty[s] each
+// consumer's arrival once it has copied the buffer to out (tile k at out[k * chunk]). misuse: 1 the consumers do not
+// wait on full, 2 the producer does not wait on empty, 3 empty expects one arrival more than there are consumers, 4
+// the producer arrives on full before any thread initialised it.
+__global__ void mbarrier_ring(const float* x, float* out, int tiles, int stages, int chunk, int misuse) {
+  using namespace dcp_ops::kernels;
+  DCP_DYNAMIC_SMEM(unsigned char, smem);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);  // [stages], then empty [stages], then the buffers
+  uint64_t* empty = full + stages;
+  float* buf = reinterpret_cast<float*>(smem + ring_head(stages));
+  const int consumers = static_cast<int>(blockDim.x) - 32, tid = threadIdx.x;
+  if (tid == 0 && misuse != 4)
+    for (int s = 0; s < stages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], consumers + (misuse == 3));
+    }
+  __syncthreads();
+  if (tid == 0) {
+    for (int k = 0; k < tiles; ++k) {
+      const int s = k % stages;
+      if (k >= stages && misuse != 2) mbarrier_wait(&empty[s], (k / stages - 1) & 1);
+      mbarrier_arrive_expect_tx(&full[s], chunk * 4);
+      bulk_copy_g2s(buf + s * chunk, x + static_cast<int64_t>(k) * chunk, chunk * 4, &full[s]);
+    }
+  } else if (tid >= 32) {
+    for (int k = 0; k < tiles; ++k) {
+      const int s = k % stages;
+      if (misuse != 1) mbarrier_wait(&full[s], (k / stages) & 1);
+      for (int i = tid - 32; i < chunk; i += consumers) out[static_cast<int64_t>(k) * chunk + i] = buf[s * chunk + i];
+      mbarrier_arrive(&empty[s]);
+    }
+  }
+}
+
+// Each thread copies its 8 floats of x by cp.async and arrives on one mbarrier (expecting every thread) when they
+// land; thread `reader` waits on it (unless !wait) and writes all of shared memory to out.
+__global__ void cp_async_arrive(const float* x, float* out, unsigned reader, bool wait) {
+  using namespace dcp_ops::kernels;
+  DCP_DYNAMIC_SMEM(unsigned char, smem);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
+  float* slots = reinterpret_cast<float*>(smem + 16);
+  const int i = threadIdx.x, n = blockDim.x;
+  if (i == 0) mbarrier_init(bar, n);
+  __syncthreads();
+  cp_async16(slots + 8 * i, x + 8 * i, true);
+  cp_async16(slots + 8 * i + 4, x + 8 * i + 4, true);
+  cp_async_commit();
+  cp_async_mbarrier_arrive(bar);
+  if (threadIdx.x == reader) {
+    if (wait) mbarrier_wait(bar, 0);
+    for (int e = 0; e < 8 * n; ++e) out[e] = slots[e];
+  }
+}
+
+// Warp 0 writes a shared value per lane and arrives at named barrier `id` for `count` threads; warp 1 syncs there for
+// `sync_count` (unless !sync) and copies the values to out. Then the other way round at barrier id + 1 (out[32 ..]):
+// a warp that arrives at a barrier and moves on must not arrive at the same instance again.
+__global__ void named_handoff(const float* x, float* out, int id, int count, int sync_count, bool sync) {
+  using namespace dcp_ops::kernels;
+  __shared__ float slot[2][32];
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  for (int round = 0; round < 2; ++round) {
+    if (w == round) {
+      slot[round][l] = x[32 * round + l];
+      named_barrier_arrive(id + round, count);
+    } else if (w == 1 - round) {
+      if (sync) named_barrier_sync(id + round, sync_count);
+      out[32 * round + l] = slot[round][l];
+    }
+  }
 }
 
 }  // namespace simt_selftest

@@ -72,6 +72,31 @@ static std::vector<int64_t> async_bank_stats(bool reset) {
   return read_stats(dcp_ops::simt::g_async_bank_stats, reset);
 }
 
+// simt_selftest::mbarrier_ring over x ([tiles, chunk] floats) with `consumers` consumer threads.
+static Tensor mbarrier_ring(const Tensor& x, int64_t stages, int64_t consumers, int64_t misuse) {
+  const int tiles = static_cast<int>(x.size(0)), chunk = static_cast<int>(x.size(1));
+  Tensor out = at::full_like(x, NAN);
+  const size_t smem = simt_selftest::ring_head(static_cast<int>(stages)) + stages * chunk * sizeof(float);
+  DCP_LAUNCH(simt_selftest::mbarrier_ring, dim3(1), dim3(32 + consumers), smem, nullptr, x.data_ptr<float>(),
+             out.data_ptr<float>(), tiles, static_cast<int>(stages), chunk, static_cast<int>(misuse));
+  return out;
+}
+
+static Tensor cp_async_arrive(const Tensor& x, int64_t reader, bool wait) {  // x: [threads * 8]
+  const int64_t n = x.numel() / 8;
+  Tensor out = at::full_like(x, NAN);
+  DCP_LAUNCH(simt_selftest::cp_async_arrive, dim3(1), dim3(n), 16 + n * 8 * sizeof(float), nullptr,
+             x.data_ptr<float>(), out.data_ptr<float>(), static_cast<unsigned>(reader), wait);
+  return out;
+}
+
+static Tensor named_handoff(const Tensor& x, int64_t id, int64_t count, int64_t sync_count, bool sync) {  // x: [64]
+  Tensor out = at::full({64}, NAN);
+  DCP_LAUNCH(simt_selftest::named_handoff, dim3(1), dim3(64), 0, nullptr, x.data_ptr<float>(), out.data_ptr<float>(),
+             static_cast<int>(id), static_cast<int>(count), static_cast<int>(sync_count), sync);
+  return out;
+}
+
 static Tensor divergent_barrier() {
   Tensor out = at::zeros({32});
   DCP_LAUNCH(simt_selftest::divergent_barrier, dim3(1), dim3(32), 0, nullptr, out.data_ptr<float>());
@@ -200,6 +225,9 @@ TORCH_LIBRARY(dcp_ops_simt, m) {
   m.def("bank_stats(bool reset=True) -> int[]", &bank_stats);
   m.def("async_bank_stats(bool reset=True) -> int[]", &async_bank_stats);
   m.def("divergent_barrier() -> Tensor", &divergent_barrier);
+  m.def("mbarrier_ring(Tensor x, int stages, int consumers, int misuse=0) -> Tensor", &mbarrier_ring);
+  m.def("cp_async_arrive(Tensor x, int reader, bool wait) -> Tensor", &cp_async_arrive);
+  m.def("named_handoff(Tensor x, int id, int count, int sync_count, bool sync) -> Tensor", &named_handoff);
   m.def("wgmma(Tensor image, Tensor descs, Tensor steps, Tensor waits, int n, int dtype, bool trans_a, bool trans_b, "
         "Tensor? a_regs, Tensor c, int misuse=0) -> Tensor", &wgmma);
   m.def("wgmma_desc(int smem_bytes, int offset, int swizzle, int lbo, int sbo) -> int", &wgmma_desc);
