@@ -238,7 +238,7 @@ def test_wgmma_mla_kernel_meets_the_instruction_target(wgmma_budget):
     assert wgmma_budget["warp_instructions_per_token_head"] <= 0.9
 
 
-# The SASS each barrier wrapper (kernels/barriers.cuh) must become in the self-test kernels that the executor runs
+# The SASS each barrier and tensor-copy wrapper (kernels/barriers.cuh, tma.cuh) must become in the self-test kernels that the executor runs
 # (tests/simt/selftest_kernels.cuh), by arch: the wrappers' PTX assembles, and into the instruction named.
 BARRIER_SASS = {
     "named_handoff": {"sm_80": ["BAR.ARV", "BAR.SYNC"], "sm_90a": ["BAR.ARV", "BAR.SYNC"]},
@@ -247,7 +247,17 @@ BARRIER_SASS = {
                                    "SYNCS.PHASECHK.TRANS64.TRYWAIT"]},
     "mbarrier_ring": {"sm_90a": ["SYNCS.EXCH.64", "SYNCS.ARRIVE.TRANS64", "UBLKCP.S.G",
                                  "SYNCS.PHASECHK.TRANS64.TRYWAIT"]},
+    "tma_boxILi3E": {"sm_90a": ["UTMALDG.3D", "SYNCS.ARRIVE.TRANS64"], "sm_80": ["BPT.TRAP"]},
+    "tma_boxILi5E": {"sm_90a": ["UTMALDG.5D"]},
 }
+BARRIER_SOURCE = """#include "simt/selftest_kernels.cuh"
+namespace simt_selftest {
+template __global__ void tma_box<3>(const __grid_constant__ dcp_ops::kernels::TmaMap, TmaCoords, int, int,
+                                    unsigned char*, int, bool);
+template __global__ void tma_box<5>(const __grid_constant__ dcp_ops::kernels::TmaMap, TmaCoords, int, int,
+                                    unsigned char*, int, bool);
+}
+"""
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
@@ -257,7 +267,7 @@ def test_barrier_wrappers_assemble_to_their_instructions(arch, tmp_path):
     if nvcc is None or tool is None:
         pytest.skip("nvcc or cuobjdump not found")
     src = tmp_path / "barriers.cu"
-    src.write_text('#include "simt/selftest_kernels.cuh"\n')
+    src.write_text(BARRIER_SOURCE)
     cubin = tmp_path / "barriers.cubin"
     res = subprocess.run([nvcc, "-cubin", str(src), "-o", str(cubin), f"-arch={arch}", "-O3", "-std=c++17", "-I",
                           os.path.join(ROOT, "csrc"), "-I", os.path.join(ROOT, "tests")], capture_output=True,

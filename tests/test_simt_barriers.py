@@ -87,3 +87,100 @@ def test_named_barrier_missing_sync_reads_before_the_write(simt_ops, monkeypatch
 def test_named_barrier_refuses_what_the_gpu_cannot_do(simt_ops, id_, count, sync_count, match):
     with pytest.raises(RuntimeError, match=match):
         simt_ops.named_handoff(torch.randn(64), id_, count, sync_count, True)
+
+
+# ---- tensor-map copies (TMA) ------------------------------------------------------------------------------------
+
+def swizzled(addr, width):
+    """The ISA's swizzle of a shared address: 16-byte granule i of a 128-byte line is stored at granule i XOR (the
+    line number modulo width / 16) (as tests/test_simt_wgmma.py reads it for wgmma)."""
+    return addr if width == 0 else addr ^ ((addr // 128) % (width // 16)) << 4
+
+
+def expected_box(src, elem_bytes, dims, strides, box, swizzle, coords, dst, smem_bytes):
+    """Shared memory after the copy, from cuTensorMapEncodeTiled's and the ISA's definitions: the box's elements in
+    order (dimension 0 innermost), element i of the box at byte dst + i * elem_bytes before the swizzle, zeros where a
+    coordinate leaves the tensor; the rest of shared memory keeps the 0xff poison (bytes 0 .. 7: the mbarrier)."""
+    out = torch.full((smem_bytes,), 0xFF, dtype=torch.uint8)
+    byte_strides = [elem_bytes] + list(strides)
+    flat = src.tolist()
+    count = 1
+    for b in box:
+        count *= b
+    for i in range(count):
+        rest, offset, inside = i, 0, True
+        for d in range(len(dims)):
+            c = coords[d] + rest % box[d]
+            rest //= box[d]
+            inside &= 0 <= c < dims[d]
+            offset += c * byte_strides[d]
+        at = swizzled(dst + i * elem_bytes, swizzle)
+        for e in range(elem_bytes):
+            out[at + e] = flat[offset + e] if inside else 0
+    return out
+
+
+def run_box(simt_ops, elem_bytes, dims, strides, box, swizzle, coords, dst=1024, wait=True):
+    size = strides[-1] * dims[-1] if strides else dims[0] * elem_bytes
+    src = torch.randint(0, 255, (size,), dtype=torch.uint8)  # 0xff never: poison is told apart
+    box_bytes = elem_bytes
+    for b in box:
+        box_bytes *= b
+    smem = dst + box_bytes + 256
+    got = simt_ops.tma_box(src, elem_bytes, dims, strides, box, swizzle, coords, dst, smem, wait)
+    return got, expected_box(src, elem_bytes, dims, strides, box, swizzle, coords, dst, smem)
+
+
+BOXES = [  # elem_bytes, dims, byte strides of dims 1.., box, swizzle, coords
+    (2, [576, 64, 5], [1152, 1152 * 64], [64, 64, 1], 128, [64, 0, 3]),      # a paged MLA cache's column block
+    (2, [576, 16, 9], [1280, 1280 * 16], [64, 16, 1], 128, [512, 0, 8]),     # block size 16, padded token stride
+    (2, [576, 64, 5], [1152, 1152 * 64], [64, 64, 1], 128, [0, 32, 4]),      # past the block's end: zeros
+    (2, [576, 64, 5], [1152, 1152 * 64], [64, 64, 1], 128, [544, -8, 0]),    # left of dim 1, right of dim 0
+    (1, [576, 64, 3], [576, 576 * 64], [128, 64, 1], 128, [128, 0, 1]),      # an fp8 cache
+    (2, [256, 40], [512], [32, 40], 64, [32, 0]),                            # 64-byte swizzle
+    (2, [256, 40], [512], [16, 24], 32, [240, 30]),                          # 32-byte swizzle, both ends out
+    (4, [100, 7], [400], [12, 7], 0, [90, 2]),                               # no swizzle, 48-byte rows
+    (2, [64, 3, 4, 5, 6], [128, 384, 1536, 7680], [8, 2, 2, 2, 2], 0, [8, 1, 3, 4, 5]),  # rank 5
+    (8, [40], [], [6], 0, [37]),                                             # rank 1
+]
+
+
+@pytest.mark.parametrize("case", range(len(BOXES)))
+def test_tma_box_lands_as_the_isa_defines(simt_ops, schedule, case):
+    got, want = run_box(simt_ops, *BOXES[case])
+    assert torch.equal(got[8:], want[8:])  # bytes 0 .. 7 hold the mbarrier
+
+
+def test_tma_box_destination_off_a_1024_boundary_swizzles_by_address(simt_ops):
+    """The swizzle follows the shared address, not the offset from the destination: a box at 1024 + 384 is not the
+    box at 1024 moved by 384."""
+    torch.manual_seed(3)
+    got, want = run_box(simt_ops, *BOXES[0], dst=1024 + 384)
+    assert torch.equal(got[8:], want[8:])
+    torch.manual_seed(3)  # the same source bytes
+    moved = torch.roll(run_box(simt_ops, *BOXES[0], dst=1024)[0], 384)
+    assert not torch.equal(got[1408:1408 + 8192], moved[1408:1408 + 8192])
+
+
+def test_tma_box_read_without_a_wait_sees_poison(simt_ops, monkeypatch):
+    monkeypatch.setenv("DCP_SIMT_SCHEDULE", "forward")
+    got, want = run_box(simt_ops, *BOXES[0], wait=False)
+    assert (got[1024:1024 + 64 * 64 * 2] == 0xFF).all() and not torch.equal(got[8:], want[8:])
+
+
+@pytest.mark.parametrize("args,match", [
+    ((2, [576, 64], [1100], [64, 64], 128, [0, 0]), "multiple of 16"),
+    ((2, [576, 64], [1152], [72, 64], 128, [0, 0]), "exceeds the swizzle span"),
+    ((2, [576, 64], [1152], [32, 64], 128, [0, 0]), "narrower than the swizzle span"),
+    ((2, [576, 64], [1152], [4, 64], 0, [0, 0]), "inner dimension must be a multiple of 16 bytes"),
+    ((2, [576, 64], [1152], [64, 300], 128, [0, 0]), "box dimension 1 must be 1 to 256"),
+    ((3, [576, 64], [1152], [64, 64], 128, [0, 0]), "element size"),
+])
+def test_tma_map_refuses_what_cuTensorMapEncodeTiled_refuses(simt_ops, args, match):
+    with pytest.raises(RuntimeError, match=match):
+        run_box(simt_ops, *args)
+
+
+def test_tma_box_destination_must_be_128_byte_aligned(simt_ops):
+    with pytest.raises(RuntimeError, match="128-byte aligned"):
+        run_box(simt_ops, *BOXES[0], dst=1024 + 64)

@@ -17,8 +17,8 @@
 //     writes them to shared memory only when a cp.async.wait_group retires its commit group (in commit order), so a
 //     read before the wait sees whatever was there: poison, or an older tile. wgmma.mma_async likewise reads its
 //     operands and writes its accumulators only when a wgmma.wait_group retires its group (simt/wgmma.h).
-//   - Named barriers and mbarriers (simt/barriers.h): work attached to an mbarrier (bulk copies, cp.async arrivals)
-//     lands when a thread waits on it and nothing else can run (`forward`), at its issue (`reverse`), or either
+//   - Named barriers and mbarriers (simt/barriers.h): work attached to an mbarrier (bulk and tensor-map copies,
+//     simt/tma.h; cp.async arrivals) lands at a wait on it (`forward`), at its issue (`reverse`), or either
 //     (`random`), so both a read without a wait and a copy into a buffer still being read show.
 //   - Bank conflicts. The warp-wide shared accesses the executor performs (ldmatrix, and the stores routed through
 //     st_shared_u32) are counted in g_bank_stats, cp.async's writes (the k-th copy of each lane of a warp taken as
@@ -55,6 +55,7 @@
 #define __shared__ static  // one instance per kernel: blocks run one after another
 #define __restrict__
 #define __launch_bounds__(...)
+#define __grid_constant__
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -489,6 +490,7 @@ inline unsigned ballot(bool p) {
 
 #include "simt/wgmma.h"
 #include "simt/barriers.h"
+#include "simt/tma.h"
 
 #define threadIdx (::dcp_ops::simt::g.threadIdx)
 #define blockIdx (::dcp_ops::simt::g.blockIdx)

@@ -6,6 +6,7 @@
 #include "kernels/common.cuh"
 #include "kernels/cp_async.cuh"
 #include "kernels/mma.cuh"
+#include "kernels/tma.cuh"
 #include "kernels/wgmma.cuh"
 
 namespace simt_selftest {
@@ -245,6 +246,31 @@ __global__ void named_handoff(const float* x, float* out, int id, int count, int
       out[32 * round + l] = slot[round][l];
     }
   }
+}
+
+struct TmaCoords {
+  int v[5];
+};
+
+// One box of `map` at coordinates c by a tensor-map copy (thread 0) to dynamic shared byte `dst`, completing `bytes`
+// on an mbarrier that every thread waits on (unless !wait); then the threads copy all `smem_bytes` of shared memory
+// to out (the poison outside the box included).
+template <int RANK>
+__global__ void tma_box(const __grid_constant__ dcp_ops::kernels::TmaMap map, TmaCoords c, int dst, int bytes,
+                        unsigned char* out, int smem_bytes, bool wait) {
+  using namespace dcp_ops::kernels;
+  DCP_DYNAMIC_SMEM(unsigned char, smem);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem);
+  if (threadIdx.x == 0) mbarrier_init(bar, 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int at[RANK];
+    for (int i = 0; i < RANK; ++i) at[i] = c.v[i];
+    mbarrier_arrive_expect_tx(bar, bytes);
+    tma_load<RANK>(smem + dst, map, at, bar);
+  }
+  if (wait) mbarrier_wait(bar, 0);
+  for (int i = threadIdx.x; i < smem_bytes; i += blockDim.x) out[i] = smem[i];
 }
 
 }  // namespace simt_selftest

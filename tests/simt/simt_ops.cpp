@@ -97,6 +97,35 @@ static Tensor named_handoff(const Tensor& x, int64_t id, int64_t count, int64_t 
   return out;
 }
 
+// simt_selftest::tma_box: the tensor map of `src`'s bytes (dims, byte strides of dimensions 1 .., box: elements,
+// dimension 0 first; elem_bytes each) with `swizzle` (0, 32, 64, 128), its box at `coords` to shared byte `dst`; the
+// whole shared memory (smem_bytes) after the wait.
+static Tensor tma_box(const Tensor& src, int64_t elem_bytes, std::vector<int64_t> dims, std::vector<int64_t> strides,
+                      std::vector<int64_t> box, int64_t swizzle, std::vector<int64_t> coords, int64_t dst,
+                      int64_t smem_bytes, bool wait) {
+  TORCH_CHECK(src.dtype() == at::kByte && src.is_contiguous(), "tma_box: src is contiguous uint8");
+  const int rank = static_cast<int>(dims.size());
+  TORCH_CHECK(rank >= 1 && rank <= 5 && box.size() == dims.size() && coords.size() == dims.size() &&
+              strides.size() + 1 == dims.size(), "tma_box: rank 1 to 5: dims, box, coords of it, strides one fewer");
+  std::vector<uint64_t> d(dims.begin(), dims.end()), st(strides.begin(), strides.end());
+  std::vector<uint32_t> b(box.begin(), box.end());
+  const auto map = dcp_ops::simt::encode_tiled(static_cast<int>(elem_bytes), rank, src.data_ptr(), d.data(),
+                                               st.data(), b.data(), static_cast<int>(swizzle));
+  simt_selftest::TmaCoords c{};
+  for (int i = 0; i < rank; ++i) c.v[i] = static_cast<int>(coords[i]);
+  Tensor out = at::zeros({smem_bytes}, src.options());
+  auto run = [&](auto kernel) {
+    DCP_LAUNCH(kernel, dim3(1), dim3(64), smem_bytes, nullptr, map, c, static_cast<int>(dst), map.box_bytes(),
+               out.data_ptr<uint8_t>(), static_cast<int>(smem_bytes), wait);
+  };
+  if (rank == 1) run(simt_selftest::tma_box<1>);
+  else if (rank == 2) run(simt_selftest::tma_box<2>);
+  else if (rank == 3) run(simt_selftest::tma_box<3>);
+  else if (rank == 4) run(simt_selftest::tma_box<4>);
+  else run(simt_selftest::tma_box<5>);
+  return out;
+}
+
 static Tensor divergent_barrier() {
   Tensor out = at::zeros({32});
   DCP_LAUNCH(simt_selftest::divergent_barrier, dim3(1), dim3(32), 0, nullptr, out.data_ptr<float>());
@@ -227,6 +256,8 @@ TORCH_LIBRARY(dcp_ops_simt, m) {
   m.def("divergent_barrier() -> Tensor", &divergent_barrier);
   m.def("mbarrier_ring(Tensor x, int stages, int consumers, int misuse=0) -> Tensor", &mbarrier_ring);
   m.def("cp_async_arrive(Tensor x, int reader, bool wait) -> Tensor", &cp_async_arrive);
+  m.def("tma_box(Tensor src, int elem_bytes, int[] dims, int[] strides, int[] box, int swizzle, int[] coords, int dst, "
+        "int smem_bytes, bool wait=True) -> Tensor", &tma_box);
   m.def("named_handoff(Tensor x, int id, int count, int sync_count, bool sync) -> Tensor", &named_handoff);
   m.def("wgmma(Tensor image, Tensor descs, Tensor steps, Tensor waits, int n, int dtype, bool trans_a, bool trans_b, "
         "Tensor? a_regs, Tensor c, int misuse=0) -> Tensor", &wgmma);
